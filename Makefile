@@ -1,0 +1,33 @@
+# Makefile for the outbox extension (PGXS)
+#
+#   make && make install        build and install into the PostgreSQL that pg_config names
+#   make installcheck           pg_regress tests against a running server (see test/run.sh)
+
+EXTENSION = outbox
+MODULE_big = outbox
+OBJS = \
+	src/outbox.o \
+	src/guc.o \
+	src/shmem.o \
+	src/emit.o \
+	src/status.o \
+	src/producer.o \
+	src/relay.o \
+	src/worker.o
+
+DATA = $(wildcard sql/outbox--*.sql)
+PGFILEDESC = "outbox - transactional outbox relayed to Apache Kafka"
+
+SHLIB_LINK += -lrdkafka
+PG_CPPFLAGS += -I$(srcdir)/src
+PG_CFLAGS += -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
+
+# pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/
+REGRESS = emit
+REGRESS_OPTS = --inputdir=test --outputdir=test/out
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+EXTRA_CLEAN = test/out

@@ -1,0 +1,320 @@
+/*-------------------------------------------------------------------------
+ *
+ * emit.c
+ *	  outbox.emit(): write one event in the caller's transaction.
+ *
+ * The event row is inserted with SPI in the calling transaction, so it
+ * commits or rolls back together with the caller's business rows.  Nothing
+ * is sent from here: publishing is the relay worker's job, and it only ever
+ * sees committed rows.  What emit() adds on top of a plain INSERT is
+ *	- validation of every argument before anything is written, so a bad
+ *	  event fails the caller's transaction now instead of the relay later;
+ *	- a wake-up of the relay at commit, so the event goes out within
+ *	  milliseconds instead of at the next poll.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+
+#include "access/xact.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/uuid.h"
+
+PG_FUNCTION_INFO_V1(outbox_emit);
+
+/* set by emit(), consumed by the transaction callback */
+static bool wake_at_commit = false;
+static bool xact_callback_registered = false;
+
+/* INSERT plan, prepared once per backend */
+static SPIPlanPtr emit_plan = NULL;
+
+static void outbox_xact_callback(XactEvent event, void *arg);
+static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
+							   const char *name);
+static void validate_headers(Jsonb *headers);
+static void validate_topic(text *topic, text *aggregate_type);
+static const char *jsonb_type_name(JsonbValue *v);
+
+/*
+ * outbox_topic_is_legal
+ *		True if the len bytes at topic form a topic name Kafka accepts:
+ *		1 to 249 characters of [a-zA-Z0-9._-], and not "." or "..".
+ *
+ * This is Kafka's own rule (org.apache.kafka.common.internals.Topic).  The
+ * relay checks routed names again at publish time, because the prefix may
+ * have changed since the event was emitted.
+ */
+bool
+outbox_topic_is_legal(const char *topic, int len)
+{
+	int			i;
+
+	if (len < 1 || len > OUTBOX_TOPIC_MAX_LEN)
+		return false;
+	if ((len == 1 && topic[0] == '.') ||
+		(len == 2 && topic[0] == '.' && topic[1] == '.'))
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		char		c = topic[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * outbox_register_wakeup_at_commit
+ *		Make the current transaction wake the relay worker when it commits.
+ *
+ * A rolled-back transaction wakes nobody.  A prepared transaction (2PC) is
+ * committed later, possibly by another session, so it relies on the relay's
+ * poll interval instead.
+ */
+void
+outbox_register_wakeup_at_commit(void)
+{
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(outbox_xact_callback, NULL);
+		xact_callback_registered = true;
+	}
+	wake_at_commit = true;
+}
+
+static void
+outbox_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (wake_at_commit)
+				outbox_wake_worker();
+			wake_at_commit = false;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			wake_at_commit = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * outbox_emit
+ *		SQL: outbox.emit(aggregate_type text, aggregate_id text,
+ *						 event_type text, payload jsonb,
+ *						 headers jsonb DEFAULT NULL, topic text DEFAULT NULL)
+ *						 RETURNS uuid
+ *
+ * Inserts one row into outbox.events in the caller's transaction and returns
+ * its event_id.  payload NULL makes the event a Kafka tombstone.
+ *
+ * Errors, raised before anything is written:
+ *	22004 (null_value_not_allowed): aggregate_type, aggregate_id or
+ *		  event_type is NULL;
+ *	22023 (invalid_parameter_value): one of them is empty; headers is not a
+ *		  JSON object of string values or uses a reserved name; topic (or,
+ *		  when topic is NULL, outbox.topic_prefix || aggregate_type) is not a
+ *		  legal Kafka topic name.
+ */
+Datum
+outbox_emit(PG_FUNCTION_ARGS)
+{
+	text	   *aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
+	text	   *aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
+	text	   *event_type = required_text_arg(fcinfo, 2, "event_type");
+	Jsonb	   *headers = PG_ARGISNULL(4) ? NULL : PG_GETARG_JSONB_P(4);
+	text	   *topic = PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5);
+	Datum		values[6];
+	char		nulls[6];
+	bool		isnull;
+	Datum		event_id;
+	void	   *result;
+	int			ret;
+
+	if (headers != NULL)
+		validate_headers(headers);
+	validate_topic(topic, aggregate_type);
+
+	values[0] = PointerGetDatum(aggregate_type);
+	values[1] = PointerGetDatum(aggregate_id);
+	values[2] = PointerGetDatum(event_type);
+	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	values[4] = PointerGetDatum(headers);
+	values[5] = PointerGetDatum(topic);
+	nulls[0] = nulls[1] = nulls[2] = ' ';
+	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
+	nulls[4] = headers == NULL ? 'n' : ' ';
+	nulls[5] = topic == NULL ? 'n' : ' ';
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "outbox.emit: SPI_connect failed");
+
+	if (emit_plan == NULL)
+	{
+		Oid			argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID};
+		SPIPlanPtr	plan;
+
+		/* every name is schema-qualified: search_path plays no part */
+		plan = SPI_prepare("INSERT INTO outbox.events"
+						   " (aggregate_type, aggregate_id, event_type, payload, headers, topic)"
+						   " VALUES ($1, $2, $3, $4, $5, $6) RETURNING event_id",
+						   6, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox.emit: SPI_prepare failed: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		emit_plan = plan;
+	}
+
+	ret = SPI_execute_plan(emit_plan, values, nulls, false, 1);
+	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+		elog(ERROR, "outbox.emit: INSERT into outbox.events failed: %s",
+			 SPI_result_code_string(ret));
+
+	/* the uuid is pass-by-reference: copy it out of SPI's memory */
+	event_id = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+							 &isnull);
+	result = SPI_palloc(UUID_LEN);
+	memcpy(result, DatumGetPointer(event_id), UUID_LEN);
+	SPI_finish();
+
+	outbox_register_wakeup_at_commit();
+
+	PG_RETURN_POINTER(result);
+}
+
+/*
+ * Fetch a text argument that must be neither NULL nor empty.
+ */
+static text *
+required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	text	   *t;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name),
+				 errhint("outbox.emit() needs aggregate_type, aggregate_id and event_type.")));
+	t = PG_GETARG_TEXT_PP(argno);
+	if (VARSIZE_ANY_EXHDR(t) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", name)));
+	return t;
+}
+
+/*
+ * Kafka header values are byte strings; we accept a flat JSON object whose
+ * values are JSON strings, so that what arrives is exactly what was written.
+ */
+static void
+validate_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *key = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+	{
+		const char *got = JB_ROOT_IS_ARRAY(headers) && !JB_ROOT_IS_SCALAR(headers) ?
+		"an array" : "a scalar";
+
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers must be a JSON object"),
+				 errdetail("Got %s.", got),
+				 errhint("Pass headers as an object of string values, e.g. '{\"traceparent\": \"00-...\"}'.")));
+	}
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			key = pnstrdup(v.val.string.val, v.val.string.len);
+			if (v.val.string.len == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("headers must not contain an empty key")));
+			if (strcmp(key, OUTBOX_HEADER_ID) == 0 ||
+				strcmp(key, OUTBOX_HEADER_EVENT_TYPE) == 0 ||
+				strcmp(key, OUTBOX_HEADER_AGGREGATE_TYPE) == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("headers must not contain the reserved key \"%s\"", key),
+						 errdetail("The relay sets the headers \"id\", \"event_type\" and \"aggregate_type\" itself.")));
+		}
+		else if (tok == WJB_VALUE && v.type != jbvString)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("headers value for key \"%s\" must be a JSON string", key),
+					 errdetail("Got %s.", jsonb_type_name(&v)),
+					 errhint("Kafka header values are strings; quote the value.")));
+	}
+}
+
+static const char *
+jsonb_type_name(JsonbValue *v)
+{
+	switch (v->type)
+	{
+		case jbvNull:
+			return "null";
+		case jbvNumeric:
+			return "a number";
+		case jbvBool:
+			return "a boolean";
+		case jbvString:
+			return "a string";
+		case jbvBinary:
+			return "an object or array";
+		default:
+			return "a non-string value";
+	}
+}
+
+/*
+ * Check the explicit topic, or the routed one (prefix || aggregate_type).
+ */
+static void
+validate_topic(text *topic, text *aggregate_type)
+{
+	if (topic != NULL)
+	{
+		if (!outbox_topic_is_legal(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("topic \"%s\" is not a legal Kafka topic name",
+							text_to_cstring(topic)),
+					 errdetail("Kafka topic names are 1 to %d characters of ASCII letters, digits, '.', '_' and '-', and not \".\" or \"..\".",
+							   OUTBOX_TOPIC_MAX_LEN)));
+	}
+	else
+	{
+		char	   *routed = psprintf("%s%s", outbox_topic_prefix,
+									  text_to_cstring(aggregate_type));
+
+		if (!outbox_topic_is_legal(routed, strlen(routed)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("aggregate_type \"%s\" routes to \"%s\", which is not a legal Kafka topic name",
+							text_to_cstring(aggregate_type), routed),
+					 errdetail("Kafka topic names are 1 to %d characters of ASCII letters, digits, '.', '_' and '-', and not \".\" or \"..\".",
+							   OUTBOX_TOPIC_MAX_LEN),
+					 errhint("Pass an explicit topic, or use an aggregate_type that fits outbox.topic_prefix (currently \"%s\").",
+							 outbox_topic_prefix)));
+	}
+}

@@ -1,0 +1,130 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.h
+ *	  Declarations shared by the files of the outbox extension.
+ *
+ * The extension has three parts that meet here:
+ *	- the SQL API (emit.c) that writes events in the caller's transaction
+ *	  and wakes the relay at commit,
+ *	- the relay worker (worker.c, relay.c, producer.c) that publishes
+ *	  committed events to Kafka,
+ *	- the shared-memory status (shmem.c, status.c) through which the two
+ *	  sides and the DBA see each other.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_H
+#define OUTBOX_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "storage/latch.h"
+#include "storage/spin.h"
+
+/* Schema and table; the install script creates them, the worker reads them */
+#define OUTBOX_SCHEMA			"outbox"
+#define OUTBOX_EVENTS_TABLE		"events"
+
+/* Kafka's limit on topic names (see Kafka's Topic.validate) */
+#define OUTBOX_TOPIC_MAX_LEN	249
+
+/* Headers every message carries before the user's own (reserved names) */
+#define OUTBOX_HEADER_ID				"id"
+#define OUTBOX_HEADER_EVENT_TYPE		"event_type"
+#define OUTBOX_HEADER_AGGREGATE_TYPE	"aggregate_type"
+
+/* Size of the error text kept in shared memory, including the terminator */
+#define OUTBOX_ERROR_LEN		256
+
+/*
+ * guc.c: the outbox.* settings.  Values are in the units named; the GUC
+ * machinery converts what the user wrote in postgresql.conf.
+ */
+extern char *outbox_database;			/* database the relay connects to */
+extern char *outbox_bootstrap_servers;	/* host:port,...; empty = idle */
+extern char *outbox_topic_prefix;		/* routed topic = prefix||aggregate_type */
+extern int	outbox_batch_size;			/* events per claim */
+extern int	outbox_poll_interval;		/* ms between polls without wake-ups */
+extern char *outbox_kafka_properties;	/* extra librdkafka key=value;... */
+extern int	outbox_retention;			/* s to keep published rows; -1 forever */
+extern int	outbox_delivery_timeout;	/* ms: message.timeout.ms */
+extern int	outbox_retry_backoff_max;	/* ms: cap of the per-event backoff */
+
+extern void outbox_define_gucs(void);
+
+/*
+ * Parsed outbox.kafka_properties: parallel arrays of keys and values,
+ * palloc'd in the caller's context.
+ */
+typedef struct OutboxKafkaProperty
+{
+	char	   *key;
+	char	   *value;
+} OutboxKafkaProperty;
+
+extern bool outbox_parse_kafka_properties(const char *text,
+										  OutboxKafkaProperty **props,
+										  int *nprops,
+										  char **error);
+
+/*
+ * shmem.c: state shared between the relay worker and every backend.
+ */
+typedef enum OutboxRelayState
+{
+	OUTBOX_STATE_STARTING = 0,
+	OUTBOX_STATE_WAITING_FOR_DATABASE,
+	OUTBOX_STATE_WAITING_FOR_EXTENSION,
+	OUTBOX_STATE_NOT_CONFIGURED,
+	OUTBOX_STATE_CONFIG_ERROR,
+	OUTBOX_STATE_IDLE,
+	OUTBOX_STATE_PUBLISHING,
+	OUTBOX_STATE_BROKER_DOWN
+} OutboxRelayState;
+
+typedef struct OutboxShared
+{
+	slock_t		mutex;			/* protects everything below */
+
+	/* the running relay worker, 0 if none */
+	pid_t		worker_pid;
+	Latch	   *worker_latch;	/* set at commit by emitting backends */
+	Oid			database_oid;	/* database the worker is connected to */
+	char		database_name[NAMEDATALEN];
+	TimestampTz started_at;
+
+	/* set by a worker that failed to connect; the next one waits instead */
+	bool		database_missing;
+
+	OutboxRelayState state;
+	int64		published;		/* events acknowledged since start */
+	int64		failed;			/* failed delivery attempts since start */
+	TimestampTz last_publish_at;
+	TimestampTz last_error_at;
+	char		last_error[OUTBOX_ERROR_LEN];
+} OutboxShared;
+
+extern OutboxShared *outbox_shared;
+
+extern void outbox_shmem_install_hooks(void);
+extern void outbox_shared_register_worker(void);
+extern void outbox_shared_set_state(OutboxRelayState state);
+extern void outbox_shared_set_error(const char *error);
+extern void outbox_shared_count(int64 published, int64 failed);
+extern const char *outbox_state_name(OutboxRelayState state);
+extern void outbox_wake_worker(void);
+
+/*
+ * emit.c
+ */
+extern bool outbox_topic_is_legal(const char *topic, int len);
+extern void outbox_register_wakeup_at_commit(void);
+
+/*
+ * worker.c
+ */
+extern void outbox_register_worker(void);
+extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
+
+#endif							/* OUTBOX_H */

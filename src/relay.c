@@ -1,0 +1,728 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay.c
+ *	  Claim committed events, publish them to Kafka, mark what was
+ *	  acknowledged.  One call = one transaction of the relay worker.
+ *
+ * Why this is at-least-once and keeps per-aggregate order:
+ *	- Rows are claimed in id order with FOR UPDATE SKIP LOCKED, and only
+ *	  committed rows are visible, so a rolled-back event is never read.
+ *	- Each row is produced in that order.  librdkafka's idempotent producer
+ *	  keeps each partition in order through its own retries, and one
+ *	  aggregate id always maps to one partition (murmur2 on the key).
+ *	- A row is marked published only after its delivery report said Kafka
+ *	  acknowledged it (acks=all), in the same transaction that claimed it.
+ *	  A crash before that commit leaves the row unpublished; it is sent
+ *	  again, and consumers drop the duplicate by its "id" header.
+ *	- A row whose delivery failed keeps published_at NULL and gets
+ *	  attempts + 1, last_error and a backoff.  Later rows of the same
+ *	  aggregate are not claimed while it is pending (the NOT EXISTS below),
+ *	  so they cannot overtake it on a later attempt.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "relay.h"
+
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "pgstat.h"
+#include "postmaster/interrupt.h"
+#include "storage/latch.h"
+#include "storage/lmgr.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+/* rows fetched from the claim cursor at a time */
+#define CLAIM_FETCH_SIZE	256
+
+/* first retry of a failed event after this long, doubling up to the cap */
+#define RETRY_BACKOFF_BASE_MS	1000
+
+/* rows deleted per retention statement, and statements per cleanup call */
+#define CLEANUP_CHUNK		10000
+#define CLEANUP_MAX_CHUNKS	10
+
+/*
+ * The claim.  The NOT EXISTS keeps an aggregate's later events behind an
+ * earlier one that failed and waits for its retry; it probes a partial index
+ * that is empty while all is well.
+ */
+static const char *const claim_sql =
+"SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type,"
+"       e.topic, e.payload, e.headers, e.created_at, e.attempts"
+"  FROM outbox.events AS e"
+" WHERE e.published_at IS NULL"
+"   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= pg_catalog.now())"
+"   AND NOT EXISTS (SELECT 1 FROM outbox.events AS b"
+"                    WHERE b.published_at IS NULL AND b.attempts > 0"
+"                      AND b.aggregate_type = e.aggregate_type"
+"                      AND b.aggregate_id = e.aggregate_id"
+"                      AND b.id < e.id)"
+" ORDER BY e.id"
+" LIMIT $1"
+" FOR UPDATE OF e SKIP LOCKED";
+
+static const char *const mark_published_sql =
+"UPDATE outbox.events SET published_at = $2 WHERE id = ANY($1)";
+
+static const char *const delete_published_sql =
+"DELETE FROM outbox.events WHERE id = ANY($1)";
+
+static const char *const mark_failed_sql =
+"UPDATE outbox.events AS e"
+"   SET attempts = e.attempts + 1, last_error = f.error, next_attempt_at = f.next_attempt_at"
+"  FROM pg_catalog.unnest($1::pg_catalog.int8[], $2::pg_catalog.text[],"
+"                         $3::pg_catalog.timestamptz[]) AS f(id, error, next_attempt_at)"
+" WHERE e.id = f.id";
+
+static const char *const cleanup_sql =
+"DELETE FROM outbox.events WHERE id IN ("
+"  SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
+"                     ORDER BY id LIMIT $2) AS h"
+"   WHERE h.published_at < $1)";
+
+/* column numbers of claim_sql */
+enum
+{
+	COL_ID = 1,
+	COL_EVENT_ID,
+	COL_AGGREGATE_TYPE,
+	COL_AGGREGATE_ID,
+	COL_EVENT_TYPE,
+	COL_TOPIC,
+	COL_PAYLOAD,
+	COL_HEADERS,
+	COL_CREATED_AT,
+	COL_ATTEMPTS
+};
+
+/* what the relay remembers about each claimed row until it is marked */
+typedef struct BatchEntry
+{
+	int64		id;
+	uint64		aggregate_hash; /* hash of (aggregate_type, aggregate_id) */
+	int32		attempts;
+	bool		produced;		/* handed to librdkafka */
+	bool		held_back;		/* not produced: its aggregate failed earlier
+								 * in this batch */
+	rd_kafka_resp_err_t error;	/* failure raised before producing */
+	char	   *error_text;
+} BatchEntry;
+
+/* saved plans, prepared on first use in this worker */
+static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr mark_published_plan = NULL;
+static SPIPlanPtr delete_published_plan = NULL;
+static SPIPlanPtr mark_failed_plan = NULL;
+static SPIPlanPtr cleanup_plan = NULL;
+
+static SPIPlanPtr prepare_plan(SPIPlanPtr *cache, const char *sql,
+							   int nargs, Oid *argtypes);
+static bool lock_events_table(void);
+/* the batch being produced */
+typedef struct Batch
+{
+	BatchEntry *entries;
+	int			n;				/* rows claimed so far */
+	int			nerrors;		/* rows that failed before producing */
+	MemoryContext cxt;			/* lives until the batch is marked */
+} Batch;
+
+static void produce_row(OutboxProducer *producer, Batch *batch,
+						HeapTuple tuple, TupleDesc tupdesc);
+static bool wait_for_deliveries(OutboxProducer *producer);
+static void mark_results(OutboxProducer *producer, BatchEntry *entries,
+						 int n, OutboxBatchResult *result);
+static int64 timestamptz_to_unix_ms(TimestampTz ts);
+
+/*
+ * outbox_relay_batch
+ *		Run one relay transaction: claim up to outbox.batch_size committed,
+ *		unpublished events in id order, produce them, wait for every
+ *		delivery report, and mark the acknowledged ones published (or
+ *		deleted, with outbox.retention = 0) and the failed ones for retry.
+ *
+ * Fills *result.  When outbox.events does not exist (extension not created
+ * yet, or dropped) it sets result->table_missing and touches nothing: the
+ * caller waits and looks again.  Other errors (SPI) are raised as ERROR and
+ * handled by the worker's error recovery.
+ */
+void
+outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
+{
+	Oid			claim_types[1] = {INT4OID};
+	Datum		claim_values[1];
+	Portal		portal;
+	Batch		batch;
+	MemoryContext rowcxt;
+	MemoryContext callercxt = CurrentMemoryContext;
+
+	memset(result, 0, sizeof(*result));
+	result->cxt = callercxt;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: claiming events");
+
+	if (!lock_events_table())
+	{
+		result->table_missing = true;
+		SPI_finish();
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		pgstat_report_activity(STATE_IDLE, NULL);
+		MemoryContextSwitchTo(callercxt);
+		return;
+	}
+
+	batch.entries = palloc0(sizeof(BatchEntry) * outbox_batch_size);
+	batch.n = 0;
+	batch.nerrors = 0;
+	batch.cxt = CurrentMemoryContext;
+	outbox_producer_begin_batch(producer, outbox_batch_size);
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
+								   ALLOCSET_DEFAULT_SIZES);
+
+	claim_values[0] = Int32GetDatum(outbox_batch_size);
+	portal = SPI_cursor_open(NULL,
+							 prepare_plan(&claim_plan, claim_sql, 1, claim_types),
+							 claim_values, NULL, false);
+
+	/*
+	 * Fetch in chunks so that a batch of large payloads never sits in memory
+	 * at once: each row is copied into librdkafka's queue (which is bounded,
+	 * see producer.c) and its SPI copy freed with the chunk.
+	 */
+	while (batch.n < outbox_batch_size && !producer->fatal)
+	{
+		uint64		i;
+
+		SPI_cursor_fetch(portal, true, CLAIM_FETCH_SIZE);
+		if (SPI_processed == 0)
+			break;
+		for (i = 0; i < SPI_processed && batch.n < outbox_batch_size; i++)
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
+
+			produce_row(producer, &batch, SPI_tuptable->vals[i],
+						SPI_tuptable->tupdesc);
+			batch.n++;
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(rowcxt);
+		}
+		SPI_freetuptable(SPI_tuptable);
+	}
+	SPI_cursor_close(portal);
+	result->claimed = batch.n;
+
+	if (batch.n > 0)
+	{
+		pgstat_report_activity(STATE_RUNNING,
+							   "outbox relay: waiting for delivery reports");
+		if (!wait_for_deliveries(producer))
+		{
+			/* keep what was acknowledged, give up on the rest for now */
+			outbox_producer_abort_batch(producer);
+			result->aborted = true;
+		}
+		mark_results(producer, batch.entries, batch.n, result);
+	}
+	result->fatal = producer->fatal;
+
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(callercxt);
+}
+
+/*
+ * Lock outbox.events against a concurrent DROP for the rest of the
+ * transaction.  False if it does not exist; RangeVarGetRelidExtended
+ * re-checks after locking, so a table dropped meanwhile is not "found".
+ */
+static bool
+lock_events_table(void)
+{
+	RangeVar   *rv = makeRangeVar(OUTBOX_SCHEMA, OUTBOX_EVENTS_TABLE, -1);
+
+	return OidIsValid(RangeVarGetRelidExtended(rv, RowExclusiveLock,
+											   RVR_MISSING_OK, NULL, NULL));
+}
+
+static SPIPlanPtr
+prepare_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
+{
+	if (*cache == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		*cache = plan;
+	}
+	return *cache;
+}
+
+static char *
+text_column(HeapTuple tuple, TupleDesc tupdesc, int col, bool *isnull)
+{
+	Datum		d = SPI_getbinval(tuple, tupdesc, col, isnull);
+
+	return *isnull ? NULL : TextDatumGetCString(d);
+}
+
+/*
+ * Record a failure that happened before the row reached librdkafka.
+ */
+static void
+entry_failed(Batch *batch, BatchEntry *entry, rd_kafka_resp_err_t err,
+			 const char *text)
+{
+	entry->error = err;
+	entry->error_text = MemoryContextStrdup(batch->cxt, text);
+	batch->nerrors++;
+}
+
+/*
+ * Turn one claimed row into a Kafka message and produce it as entry
+ * batch->n of the batch.
+ *
+ * A row is not produced when an earlier row of the same aggregate failed
+ * before reaching librdkafka in this batch (held back, to keep order), or
+ * when it cannot be produced at all (illegal routed topic, message too
+ * large, ...): then entry->error records why.
+ */
+static void
+produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
+			TupleDesc tupdesc)
+{
+	int			index = batch->n;
+	BatchEntry *entry = &batch->entries[index];
+	OutboxMessage msg;
+	bool		isnull;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	char	   *event_type;
+	char	   *event_id;
+	char	   *topic;
+	const char *names[64 + 3];
+	const char *values[64 + 3];
+	size_t		lens[64 + 3];
+	const char **hnames = names;
+	const char **hvalues = values;
+	size_t	   *hlens = lens;
+	int			nheaders = 0;
+	Datum		d;
+	rd_kafka_resp_err_t err;
+	int			i;
+
+	entry->id = DatumGetInt64(SPI_getbinval(tuple, tupdesc, COL_ID, &isnull));
+	entry->attempts = DatumGetInt32(SPI_getbinval(tuple, tupdesc, COL_ATTEMPTS,
+												  &isnull));
+	aggregate_type = text_column(tuple, tupdesc, COL_AGGREGATE_TYPE, &isnull);
+	aggregate_id = text_column(tuple, tupdesc, COL_AGGREGATE_ID, &isnull);
+	entry->aggregate_hash =
+		hash_combine64(hash_bytes_extended((unsigned char *) aggregate_type,
+										   strlen(aggregate_type), 0),
+					   hash_bytes_extended((unsigned char *) aggregate_id,
+										   strlen(aggregate_id), 0));
+
+	/*
+	 * Keep order: once a row of this aggregate failed in this batch, its
+	 * later rows wait for the next claim, which holds them back until the
+	 * failed one is delivered.  A hash collision only delays an unrelated
+	 * aggregate by one batch.
+	 */
+	for (i = 0; batch->nerrors > 0 && i < index; i++)
+	{
+		BatchEntry *earlier = &batch->entries[i];
+
+		if (earlier->aggregate_hash == entry->aggregate_hash &&
+			(earlier->error != RD_KAFKA_RESP_ERR_NO_ERROR || earlier->held_back))
+		{
+			entry->held_back = true;
+			return;
+		}
+	}
+
+	event_type = text_column(tuple, tupdesc, COL_EVENT_TYPE, &isnull);
+	d = SPI_getbinval(tuple, tupdesc, COL_EVENT_ID, &isnull);
+	event_id = DatumGetCString(DirectFunctionCall1(uuid_out, d));
+
+	topic = text_column(tuple, tupdesc, COL_TOPIC, &isnull);
+	if (topic == NULL)
+		topic = psprintf("%s%s", outbox_topic_prefix, aggregate_type);
+	if (!outbox_topic_is_legal(topic, strlen(topic)))
+	{
+		entry_failed(batch, entry, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION,
+					 psprintf("\"%s\" is not a legal Kafka topic name", topic));
+		return;
+	}
+
+	msg.topic = topic;
+	msg.key = aggregate_id;
+	msg.key_len = strlen(aggregate_id);
+
+	d = SPI_getbinval(tuple, tupdesc, COL_PAYLOAD, &isnull);
+	if (isnull)
+	{
+		msg.value = NULL;		/* tombstone */
+		msg.value_len = 0;
+	}
+	else
+	{
+		Jsonb	   *payload = DatumGetJsonbP(d);
+
+		msg.value = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+		msg.value_len = strlen(msg.value);
+	}
+
+	d = SPI_getbinval(tuple, tupdesc, COL_CREATED_AT, &isnull);
+	msg.timestamp_ms = timestamptz_to_unix_ms(DatumGetTimestampTz(d));
+
+	/* our headers first, then the user's, in their jsonb (sorted) order */
+	d = SPI_getbinval(tuple, tupdesc, COL_HEADERS, &isnull);
+	if (!isnull)
+	{
+		Jsonb	   *headers = DatumGetJsonbP(d);
+		int			count = JB_ROOT_IS_OBJECT(headers) ? JB_ROOT_COUNT(headers) : 0;
+
+		if (count > 64)
+		{
+			hnames = palloc(sizeof(char *) * (count + 3));
+			hvalues = palloc(sizeof(char *) * (count + 3));
+			hlens = palloc(sizeof(size_t) * (count + 3));
+		}
+	}
+	hnames[nheaders] = OUTBOX_HEADER_ID;
+	hvalues[nheaders] = event_id;
+	hlens[nheaders++] = strlen(event_id);
+	hnames[nheaders] = OUTBOX_HEADER_EVENT_TYPE;
+	hvalues[nheaders] = event_type;
+	hlens[nheaders++] = strlen(event_type);
+	hnames[nheaders] = OUTBOX_HEADER_AGGREGATE_TYPE;
+	hvalues[nheaders] = aggregate_type;
+	hlens[nheaders++] = strlen(aggregate_type);
+	if (!isnull)
+	{
+		Jsonb	   *headers = DatumGetJsonbP(d);
+		JsonbIterator *it = JsonbIteratorInit(&headers->root);
+		JsonbValue	v;
+		JsonbIteratorToken tok;
+		char	   *key = NULL;
+
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+		{
+			if (tok == WJB_KEY)
+				key = pnstrdup(v.val.string.val, v.val.string.len);
+			else if (tok == WJB_VALUE && v.type == jbvString && key != NULL)
+			{
+				hnames[nheaders] = key;
+				hvalues[nheaders] = v.val.string.val;
+				hlens[nheaders++] = v.val.string.len;
+			}
+		}
+	}
+	msg.nheaders = nheaders;
+	msg.header_names = hnames;
+	msg.header_values = hvalues;
+	msg.header_lens = hlens;
+
+	/* a full local queue is backpressure: serve reports and try again */
+	while ((err = outbox_producer_send(producer, index, &msg)) ==
+		   RD_KAFKA_RESP_ERR__QUEUE_FULL)
+	{
+		(void) WaitLatchOrSocket(NULL, WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 producer->wakeup_fd[0], 100, PG_WAIT_EXTENSION);
+		outbox_producer_serve(producer);
+		CHECK_FOR_INTERRUPTS();
+	}
+
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		entry->produced = true;
+	else if (err != RD_KAFKA_RESP_ERR__FATAL)
+		entry_failed(batch, entry, err, psprintf("%s (%s)", rd_kafka_err2str(err),
+												 rd_kafka_err2name(err)));
+	/* on _FATAL the row is left alone; the producer is rebuilt */
+}
+
+/*
+ * Wait until every message of the batch has its delivery report.
+ *
+ * librdkafka guarantees a report within message.timeout.ms
+ * (outbox.delivery_timeout).  We give up earlier only on a fatal producer
+ * error, past a safety margin, or when a reload is pending while nothing
+ * moves (e.g. new bootstrap servers while the old ones are unreachable).
+ * Returns false when the batch should be aborted.
+ *
+ * A latch set by a committing backend while we wait is not lost: it is set
+ * again on return, so the worker goes straight to the next claim.
+ */
+static bool
+wait_for_deliveries(OutboxProducer *producer)
+{
+	TimestampTz start = GetCurrentTimestamp();
+	TimestampTz last_progress = start;
+	int			last_outstanding = producer->outstanding;
+	bool		woken = false;
+	bool		complete = false;
+
+	for (;;)
+	{
+		TimestampTz now;
+		int			rc;
+
+		outbox_producer_serve(producer);
+		if (producer->outstanding <= 0)
+		{
+			complete = true;
+			break;
+		}
+		if (producer->fatal)
+			break;
+
+		now = GetCurrentTimestamp();
+		if (producer->outstanding != last_outstanding)
+		{
+			last_outstanding = producer->outstanding;
+			last_progress = now;
+		}
+		if (TimestampDifferenceExceeds(start, now, outbox_delivery_timeout + 10000))
+			break;
+		if (ConfigReloadPending &&
+			TimestampDifferenceExceeds(last_progress, now, 1000))
+			break;
+
+		rc = WaitLatchOrSocket(MyLatch,
+							   WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT |
+							   WL_EXIT_ON_PM_DEATH,
+							   producer->wakeup_fd[0], 100, PG_WAIT_EXTENSION);
+		if (rc & WL_LATCH_SET)
+		{
+			ResetLatch(MyLatch);
+			woken = true;
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	if (woken)
+		SetLatch(MyLatch);
+	return complete;
+}
+
+static char *
+delivery_error_text(rd_kafka_resp_err_t err)
+{
+	return psprintf("%s (%s)", rd_kafka_err2str(err), rd_kafka_err2name(err));
+}
+
+/*
+ * Apply the delivery reports to the table: acknowledged rows are marked
+ * published (or deleted), failed rows get attempts + 1, last_error and a
+ * backoff.  Rows without a report (aborted batch, held back, fatal error)
+ * are left exactly as they were.
+ */
+static void
+mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
+			 OutboxBatchResult *result)
+{
+	Datum	   *published_ids = palloc(sizeof(Datum) * n);
+	Datum	   *failed_ids = palloc(sizeof(Datum) * n);
+	Datum	   *failed_errors = palloc(sizeof(Datum) * n);
+	Datum	   *failed_next = palloc(sizeof(Datum) * n);
+	int			npublished = 0;
+	int			nfailed = 0;
+	TimestampTz now = GetCurrentTimestamp();
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		BatchEntry *e = &entries[i];
+		OutboxDelivery *d = &producer->deliveries[i];
+		rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
+		char	   *text = NULL;
+
+		if (e->held_back)
+		{
+			result->held_back++;
+			continue;
+		}
+		if (e->produced && d->reported && d->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			published_ids[npublished++] = Int64GetDatum(e->id);
+			continue;
+		}
+		if (e->produced && d->reported)
+		{
+			err = d->err;
+			text = delivery_error_text(err);
+		}
+		else if (!e->produced && e->error != RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			err = e->error;
+			text = e->error_text;
+		}
+		else
+			continue;			/* no report: aborted, try again later */
+
+		if (outbox_kafka_error_is_permanent(err))
+			result->failed_permanent++;
+		else
+			result->failed_transient++;
+		if (result->first_error == NULL)
+			result->first_error = MemoryContextStrdup(result->cxt, text);
+
+		failed_ids[nfailed] = Int64GetDatum(e->id);
+		failed_errors[nfailed] = CStringGetTextDatum(text);
+		failed_next[nfailed] =
+			TimestampTzGetDatum(TimestampTzPlusMilliseconds(now,
+															Min((int64) outbox_retry_backoff_max,
+																(int64) RETRY_BACKOFF_BASE_MS << Min(e->attempts, 20))));
+		nfailed++;
+
+		/* did a later event of this aggregate get through anyway? */
+		for (int j = i + 1; j < n; j++)
+		{
+			if (entries[j].aggregate_hash == e->aggregate_hash &&
+				entries[j].produced && producer->deliveries[j].reported &&
+				producer->deliveries[j].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			{
+				result->overtaken++;
+				break;
+			}
+		}
+	}
+	result->published = npublished;
+
+	if (npublished > 0)
+	{
+		ArrayType  *ids = construct_array(published_ids, npublished, INT8OID,
+										  sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
+		Datum		args[2] = {PointerGetDatum(ids), TimestampTzGetDatum(now)};
+		int			ret;
+
+		if (outbox_retention == 0)
+		{
+			Oid			types[1] = {INT8ARRAYOID};
+
+			ret = SPI_execute_plan(prepare_plan(&delete_published_plan,
+												delete_published_sql, 1, types),
+								   args, NULL, false, 0);
+		}
+		else
+		{
+			Oid			types[2] = {INT8ARRAYOID, TIMESTAMPTZOID};
+
+			ret = SPI_execute_plan(prepare_plan(&mark_published_plan,
+												mark_published_sql, 2, types),
+								   args, NULL, false, 0);
+		}
+		if (ret < 0)
+			elog(ERROR, "could not mark events published: %s",
+				 SPI_result_code_string(ret));
+	}
+
+	if (nfailed > 0)
+	{
+		Oid			types[3] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
+		Datum		args[3];
+		int			ret;
+
+		args[0] = PointerGetDatum(construct_array(failed_ids, nfailed, INT8OID,
+												  sizeof(int64), FLOAT8PASSBYVAL,
+												  TYPALIGN_DOUBLE));
+		args[1] = PointerGetDatum(construct_array(failed_errors, nfailed, TEXTOID,
+												  -1, false, TYPALIGN_INT));
+		args[2] = PointerGetDatum(construct_array(failed_next, nfailed, TIMESTAMPTZOID,
+												  sizeof(TimestampTz), FLOAT8PASSBYVAL,
+												  TYPALIGN_DOUBLE));
+		ret = SPI_execute_plan(prepare_plan(&mark_failed_plan, mark_failed_sql, 3, types),
+							   args, NULL, false, 0);
+		if (ret < 0)
+			elog(ERROR, "could not record failed deliveries: %s",
+				 SPI_result_code_string(ret));
+	}
+}
+
+/*
+ * outbox_relay_cleanup
+ *		Delete events published more than outbox.retention seconds ago.
+ *
+ * Runs in its own transaction, in chunks of CLEANUP_CHUNK rows, looking only
+ * at the oldest rows of the table (published rows are the oldest), so its
+ * cost does not grow with the table.  Returns the number of rows deleted;
+ * 0 when retention is off or the table is missing.
+ */
+int64
+outbox_relay_cleanup(void)
+{
+	int64		deleted = 0;
+	int			chunk;
+	MemoryContext callercxt = CurrentMemoryContext;
+
+	if (outbox_retention <= 0)
+		return 0;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: deleting published events");
+
+	if (lock_events_table())
+	{
+		Oid			types[2] = {TIMESTAMPTZOID, INT4OID};
+		Datum		args[2];
+
+		args[0] = TimestampTzGetDatum(TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+																  -(int64) outbox_retention * 1000));
+		args[1] = Int32GetDatum(CLEANUP_CHUNK);
+		for (chunk = 0; chunk < CLEANUP_MAX_CHUNKS; chunk++)
+		{
+			int			ret = SPI_execute_plan(prepare_plan(&cleanup_plan, cleanup_sql, 2, types),
+											   args, NULL, false, 0);
+
+			if (ret != SPI_OK_DELETE)
+				elog(ERROR, "could not delete published events: %s",
+					 SPI_result_code_string(ret));
+			deleted += SPI_processed;
+			if (SPI_processed == 0)
+				break;
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(callercxt);
+	return deleted;
+}
+
+/* TimestampTz counts microseconds from 2000-01-01; Kafka wants Unix ms */
+static int64
+timestamptz_to_unix_ms(TimestampTz ts)
+{
+	return ts / 1000 +
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}

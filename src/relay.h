@@ -1,0 +1,34 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay.h
+ *	  One relay step: claim a batch of committed events, publish them, mark
+ *	  what Kafka acknowledged.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_RELAY_H
+#define OUTBOX_RELAY_H
+
+#include "producer.h"
+
+typedef struct OutboxBatchResult
+{
+	bool		table_missing;	/* outbox.events does not exist (yet) */
+	int			claimed;		/* rows read from the table */
+	int			published;		/* acknowledged by Kafka, marked published */
+	int			failed_permanent;	/* refused by Kafka or invalid */
+	int			failed_transient;	/* timed out, broker unreachable, ... */
+	int			held_back;		/* waiting behind a failed event */
+	int			overtaken;		/* published after an earlier failed event
+								 * of the same aggregate */
+	bool		aborted;		/* reports abandoned; rows stay unpublished */
+	bool		fatal;			/* the producer must be rebuilt */
+	char	   *first_error;	/* text of the first failure, or NULL */
+	MemoryContext cxt;			/* where first_error lives: the caller's */
+} OutboxBatchResult;
+
+extern void outbox_relay_batch(OutboxProducer *producer,
+							   OutboxBatchResult *result);
+extern int64 outbox_relay_cleanup(void);
+
+#endif							/* OUTBOX_RELAY_H */

@@ -1,0 +1,223 @@
+/*-------------------------------------------------------------------------
+ *
+ * shmem.c
+ *	  Shared-memory state of the relay worker.
+ *
+ * One small struct, protected by a spinlock, holds what the worker wants
+ * others to see (state, counters, last error) and what others need to reach
+ * the worker (its latch, so a committing transaction can wake it).  The
+ * worker only ever holds the spinlock for a few instructions, so reading the
+ * status from SQL can never block the relay.
+ *
+ * It exists only when the library is in shared_preload_libraries; without it
+ * outbox_shared stays NULL and every function here is a no-op.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/timestamp.h"
+
+OutboxShared *outbox_shared = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void outbox_shmem_request(void);
+static void outbox_shmem_startup(void);
+static void outbox_shared_unregister_worker(int code, Datum arg);
+
+/*
+ * outbox_shmem_install_hooks
+ *		Ask for our shared memory.  Called from _PG_init in the postmaster
+ *		(shared_preload_libraries) only.
+ */
+void
+outbox_shmem_install_hooks(void)
+{
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_shmem_startup;
+}
+
+static void
+outbox_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(OutboxShared)));
+}
+
+/*
+ * Create or attach to the struct.  This also runs after a crash restart, when
+ * shared memory is re-created: then every field starts from zero again, so no
+ * pid or latch of a dead process survives (see pg_net #211, #276).
+ */
+static void
+outbox_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	outbox_shared = ShmemInitStruct("outbox relay", sizeof(OutboxShared), &found);
+	if (!found)
+	{
+		memset(outbox_shared, 0, sizeof(OutboxShared));
+		SpinLockInit(&outbox_shared->mutex);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * outbox_shared_register_worker
+ *		Publish the calling relay worker (pid, latch, database) and reset the
+ *		counters.  Cleared again when the worker exits.
+ */
+void
+outbox_shared_register_worker(void)
+{
+	if (outbox_shared == NULL)
+		return;
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	outbox_shared->worker_pid = MyProcPid;
+	outbox_shared->worker_latch = MyLatch;
+	outbox_shared->database_oid = MyDatabaseId;
+	strlcpy(outbox_shared->database_name, outbox_database, NAMEDATALEN);
+	outbox_shared->started_at = GetCurrentTimestamp();
+	outbox_shared->state = OUTBOX_STATE_STARTING;
+	outbox_shared->published = 0;
+	outbox_shared->failed = 0;
+	outbox_shared->last_publish_at = 0;
+	outbox_shared->last_error_at = 0;
+	outbox_shared->last_error[0] = '\0';
+	SpinLockRelease(&outbox_shared->mutex);
+
+	before_shmem_exit(outbox_shared_unregister_worker, (Datum) 0);
+}
+
+static void
+outbox_shared_unregister_worker(int code, Datum arg)
+{
+	SpinLockAcquire(&outbox_shared->mutex);
+	if (outbox_shared->worker_pid == MyProcPid)
+	{
+		outbox_shared->worker_pid = 0;
+		outbox_shared->worker_latch = NULL;
+		outbox_shared->database_oid = InvalidOid;
+	}
+	SpinLockRelease(&outbox_shared->mutex);
+}
+
+/*
+ * outbox_shared_set_state
+ *		Record the worker's state for outbox.status.
+ */
+void
+outbox_shared_set_state(OutboxRelayState state)
+{
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	outbox_shared->state = state;
+	SpinLockRelease(&outbox_shared->mutex);
+}
+
+/*
+ * outbox_shared_set_error
+ *		Record the last error (truncated to OUTBOX_ERROR_LEN - 1 bytes) and
+ *		its time.  The caller makes sure it holds no secret.
+ */
+void
+outbox_shared_set_error(const char *error)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	strlcpy(outbox_shared->last_error, error, OUTBOX_ERROR_LEN);
+	outbox_shared->last_error_at = now;
+	SpinLockRelease(&outbox_shared->mutex);
+}
+
+/*
+ * outbox_shared_count
+ *		Add a batch's acknowledged and failed events to the counters.
+ */
+void
+outbox_shared_count(int64 published, int64 failed)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	outbox_shared->published += published;
+	outbox_shared->failed += failed;
+	if (published > 0)
+		outbox_shared->last_publish_at = now;
+	SpinLockRelease(&outbox_shared->mutex);
+}
+
+/*
+ * outbox_state_name
+ *		The name outbox.status shows for a state.
+ */
+const char *
+outbox_state_name(OutboxRelayState state)
+{
+	switch (state)
+	{
+		case OUTBOX_STATE_STARTING:
+			return "starting";
+		case OUTBOX_STATE_WAITING_FOR_DATABASE:
+			return "waiting_for_database";
+		case OUTBOX_STATE_WAITING_FOR_EXTENSION:
+			return "waiting_for_extension";
+		case OUTBOX_STATE_NOT_CONFIGURED:
+			return "not_configured";
+		case OUTBOX_STATE_CONFIG_ERROR:
+			return "config_error";
+		case OUTBOX_STATE_IDLE:
+			return "idle";
+		case OUTBOX_STATE_PUBLISHING:
+			return "publishing";
+		case OUTBOX_STATE_BROKER_DOWN:
+			return "broker_down";
+	}
+	return "unknown";
+}
+
+/*
+ * outbox_wake_worker
+ *		Set the relay worker's latch if it serves the current database.
+ *
+ * Called at commit of a transaction that emitted.  A stale latch pointer
+ * (worker just exited) is harmless: latches live in the PGPROC array, so the
+ * worst case is one spurious wake-up of whichever process reuses the slot.
+ */
+void
+outbox_wake_worker(void)
+{
+	Latch	   *latch = NULL;
+
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	if (outbox_shared->worker_pid != 0 &&
+		outbox_shared->database_oid == MyDatabaseId)
+		latch = outbox_shared->worker_latch;
+	SpinLockRelease(&outbox_shared->mutex);
+
+	if (latch != NULL)
+		SetLatch(latch);
+}

@@ -1,0 +1,504 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *	  The relay background worker: registration, start-up, main loop.
+ *
+ * The worker connects to outbox.database and loops: claim and publish a
+ * batch (relay.c), delete expired published rows, then sleep on its latch
+ * until a committing transaction wakes it (emit.c), librdkafka has events
+ * for it (producer.c), or outbox.poll_interval passes.
+ *
+ * It follows the pattern of worker_spi and pg_cron: core signal handlers
+ * (die for SIGTERM, so interrupts are only processed at
+ * CHECK_FOR_INTERRUPTS, never inside librdkafka), a non-zero exit whenever
+ * it wants to be restarted, nothing raised as ERROR for conditions that are
+ * normal (database or extension not there yet, broker down), and errors
+ * that do happen logged and retried with backoff instead of a crash loop.
+ * State changes are logged once, not once per event.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "relay.h"
+
+#include "access/xact.h"
+#include "commands/dbcommands.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "tcop/tcopprot.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+/* seconds the postmaster waits before restarting a worker that exited */
+#define WORKER_RESTART_SECONDS	5
+
+/* how often expired published rows are deleted */
+#define CLEANUP_INTERVAL_MS		1000
+
+/* while Kafka seems down and nothing is pending: how often to ask it */
+#define PROBE_INTERVAL_MS		5000
+#define PROBE_TIMEOUT_MS		1000
+
+/* backoff after an unexpected error, doubling up to the cap */
+#define ERROR_BACKOFF_MIN_MS	1000
+#define ERROR_BACKOFF_MAX_MS	30000
+
+static OutboxProducer *producer = NULL;
+static OutboxRelayState state = OUTBOX_STATE_STARTING;
+static char *last_config_error = NULL;
+static MemoryContext worker_context = NULL;
+
+static void connect_to_database(void);
+static void wait_for_database(void) pg_attribute_noreturn();
+static void relay_loop(void) pg_attribute_noreturn();
+static long relay_step(void);
+static void enter_state(OutboxRelayState new_state, const char *error);
+static bool ensure_producer(void);
+static void reload_config(void);
+static void destroy_producer_at_exit(int code, Datum arg);
+static void recover_from_error(int *backoff_ms);
+
+/*
+ * outbox_register_worker
+ *		Register the relay worker with the postmaster.  Called from _PG_init
+ *		under shared_preload_libraries only.
+ *
+ * It starts only once recovery has finished, so never on a hot standby, and
+ * by itself after promotion.
+ */
+void
+outbox_register_worker(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = WORKER_RESTART_SECONDS;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_worker_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox relay");
+	worker.bgw_main_arg = (Datum) 0;
+	worker.bgw_notify_pid = 0;
+	RegisterBackgroundWorker(&worker);
+}
+
+/*
+ * outbox_worker_main
+ *		Entry point of the relay worker.
+ */
+void
+outbox_worker_main(Datum main_arg)
+{
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	connect_to_database();
+
+	worker_context = AllocSetContextCreate(TopMemoryContext, "outbox relay",
+										   ALLOCSET_DEFAULT_SIZES);
+
+	/*
+	 * Our queries qualify every name, but the worker also never resolves an
+	 * unqualified function or operator from a schema users can write to.
+	 */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET,
+					PGC_S_OVERRIDE);
+
+	outbox_shared_register_worker();
+	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
+
+	/* a SIGHUP that arrived before our handler was installed is not lost */
+	ProcessConfigFile(PGC_SIGHUP);
+
+	ereport(LOG,
+			(errmsg("outbox relay started for database \"%s\"",
+					outbox_database)));
+
+	relay_loop();
+}
+
+/*
+ * Connect to outbox.database.  If the previous attempt failed (the flag in
+ * shared memory is still set), the database probably does not exist: then
+ * wait for it without a database connection instead of failing again every
+ * few seconds.
+ */
+static void
+connect_to_database(void)
+{
+	bool		missing = false;
+
+	if (outbox_shared != NULL)
+	{
+		SpinLockAcquire(&outbox_shared->mutex);
+		missing = outbox_shared->database_missing;
+		outbox_shared->database_missing = true;
+		SpinLockRelease(&outbox_shared->mutex);
+	}
+	if (missing)
+		wait_for_database();
+
+	/* a FATAL error here leaves database_missing set for the next start */
+	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+
+	if (outbox_shared != NULL)
+	{
+		SpinLockAcquire(&outbox_shared->mutex);
+		outbox_shared->database_missing = false;
+		SpinLockRelease(&outbox_shared->mutex);
+	}
+}
+
+/*
+ * Wait, connected to no database, until outbox.database exists; then exit
+ * so that the postmaster starts a worker that connects to it.
+ */
+static void
+wait_for_database(void)
+{
+	bool		logged = false;
+
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	outbox_shared_register_worker();
+	enter_state(OUTBOX_STATE_WAITING_FOR_DATABASE, NULL);
+
+	for (;;)
+	{
+		bool		exists;
+
+		CHECK_FOR_INTERRUPTS();
+		StartTransactionCommand();
+		exists = OidIsValid(get_database_oid(outbox_database, true));
+		CommitTransactionCommand();
+
+		if (exists)
+		{
+			SpinLockAcquire(&outbox_shared->mutex);
+			outbox_shared->database_missing = false;
+			SpinLockRelease(&outbox_shared->mutex);
+			ereport(LOG,
+					(errmsg("outbox relay found database \"%s\", restarting to connect to it",
+							outbox_database)));
+			proc_exit(1);
+		}
+		if (!logged)
+		{
+			ereport(LOG,
+					(errmsg("outbox relay is waiting for database \"%s\" to exist",
+							outbox_database),
+					 errhint("Create the database, or set outbox.database and restart the server.")));
+			logged = true;
+		}
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 Max(outbox_poll_interval, 1000), PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+	}
+}
+
+/*
+ * The main loop.  Errors raised inside a step are caught here, logged once,
+ * and followed by a backoff, in the manner of PostgreSQL's own auxiliary
+ * processes.
+ */
+static void
+relay_loop(void)
+{
+	sigjmp_buf	local_sigjmp_buf;
+	int			error_backoff_ms = 0;
+
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
+		recover_from_error(&error_backoff_ms);
+	PG_exception_stack = &local_sigjmp_buf;
+
+	for (;;)
+	{
+		long		sleep_ms;
+		int			events;
+		int			rc;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+			reload_config();
+
+		MemoryContextReset(worker_context);
+		MemoryContextSwitchTo(worker_context);
+		sleep_ms = relay_step();
+		error_backoff_ms = 0;
+
+		if (sleep_ms <= 0)
+			continue;
+
+		events = WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH;
+		if (producer != NULL)
+			events |= WL_SOCKET_READABLE;
+		rc = WaitLatchOrSocket(MyLatch, events,
+							   producer ? producer->wakeup_fd[0] : PGINVALID_SOCKET,
+							   sleep_ms, PG_WAIT_EXTENSION);
+		if (rc & WL_LATCH_SET)
+			ResetLatch(MyLatch);
+		if (producer != NULL)
+			outbox_producer_serve(producer);
+	}
+}
+
+/*
+ * Clean up after an ERROR escaped a relay step, then sleep with backoff so
+ * that a persistent problem is logged every few seconds at most, never in a
+ * tight loop.
+ */
+static void
+recover_from_error(int *backoff_ms)
+{
+	ErrorData  *edata;
+
+	error_context_stack = NULL;
+	HOLD_INTERRUPTS();
+
+	EmitErrorReport();
+	AbortCurrentTransaction();
+	LWLockReleaseAll();
+	pgstat_report_wait_end();
+
+	MemoryContextSwitchTo(worker_context);
+	edata = CopyErrorData();
+	FlushErrorState();
+	outbox_shared_set_error(edata->message);
+
+	/* what the failed step left in librdkafka is not ours any more */
+	if (producer != NULL)
+		outbox_producer_abort_batch(producer);
+
+	RESUME_INTERRUPTS();
+
+	*backoff_ms = *backoff_ms == 0 ? ERROR_BACKOFF_MIN_MS :
+		Min(*backoff_ms * 2, ERROR_BACKOFF_MAX_MS);
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 *backoff_ms, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+}
+
+/*
+ * One pass of the loop.  Returns how long to sleep (ms) before the next
+ * pass, or 0 to go on at once (a full batch: more is probably waiting).
+ */
+static long
+relay_step(void)
+{
+	static TimestampTz last_cleanup = 0;
+	static TimestampTz last_probe = 0;
+	OutboxBatchResult result;
+	TimestampTz now = GetCurrentTimestamp();
+
+	/* retention works whatever the state of Kafka */
+	if (TimestampDifferenceExceeds(last_cleanup, now, CLEANUP_INTERVAL_MS))
+	{
+		outbox_relay_cleanup();
+		last_cleanup = now;
+	}
+
+	if (outbox_bootstrap_servers == NULL || outbox_bootstrap_servers[0] == '\0')
+	{
+		if (producer != NULL)
+		{
+			outbox_producer_destroy(producer);
+			producer = NULL;
+		}
+		enter_state(OUTBOX_STATE_NOT_CONFIGURED, NULL);
+		return outbox_poll_interval;
+	}
+
+	if (!ensure_producer())
+		return outbox_poll_interval;
+
+	outbox_relay_batch(producer, &result);
+
+	if (result.table_missing)
+	{
+		enter_state(OUTBOX_STATE_WAITING_FOR_EXTENSION, NULL);
+		return outbox_poll_interval;
+	}
+
+	outbox_shared_count(result.published,
+						result.failed_permanent + result.failed_transient);
+	if (result.first_error != NULL)
+		outbox_shared_set_error(result.first_error);
+	if (result.overtaken > 0)
+		ereport(WARNING,
+				(errmsg("outbox relay: %d event(s) were acknowledged after an earlier event of the same aggregate failed",
+						result.overtaken),
+				 errdetail("First failure: %s", result.first_error)));
+
+	if (result.fatal)
+	{
+		char	   *error = outbox_producer_fatal_error(producer);
+
+		ereport(WARNING,
+				(errmsg("outbox relay: Kafka producer failed fatally, creating a new one"),
+				 errdetail("%s", error ? error : "unknown error"),
+				 errhint("Events not acknowledged stay unpublished and are sent again.")));
+		outbox_shared_set_error(error ? error : "fatal producer error");
+		outbox_producer_destroy(producer);
+		producer = NULL;
+		return 1000;
+	}
+
+	/* what does this batch tell us about the broker? */
+	if (result.published > 0)
+		enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
+	else if (result.failed_transient > 0 || result.aborted)
+		enter_state(OUTBOX_STATE_BROKER_DOWN,
+					result.first_error ? result.first_error : producer->last_error_text);
+	else if (producer->all_brokers_down && state != OUTBOX_STATE_BROKER_DOWN)
+	{
+		/* librdkafka also says this when an idle connection is closed */
+		if (!outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
+			enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
+		last_probe = GetCurrentTimestamp();
+	}
+	else if (state == OUTBOX_STATE_BROKER_DOWN && result.claimed == 0 &&
+			 TimestampDifferenceExceeds(last_probe, GetCurrentTimestamp(), PROBE_INTERVAL_MS))
+	{
+		if (outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
+			enter_state(OUTBOX_STATE_IDLE, NULL);
+		last_probe = GetCurrentTimestamp();
+	}
+	else if (state != OUTBOX_STATE_BROKER_DOWN)
+		enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
+	producer->all_brokers_down = false;
+
+	if (result.claimed >= outbox_batch_size && !result.aborted)
+		return 0;
+	return outbox_poll_interval;
+}
+
+/*
+ * Make sure a producer exists; build one from the current settings.  A bad
+ * configuration is logged once (until it changes) and the worker waits for
+ * a reload: it never exits over it, so there is no crash loop.
+ */
+static bool
+ensure_producer(void)
+{
+	char	   *error = NULL;
+
+	if (producer != NULL)
+		return true;
+
+	producer = outbox_producer_create(&error);
+	if (producer != NULL)
+	{
+		if (last_config_error != NULL)
+		{
+			pfree(last_config_error);
+			last_config_error = NULL;
+		}
+		return true;
+	}
+
+	if (last_config_error == NULL || strcmp(last_config_error, error) != 0)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox relay cannot create its Kafka producer: %s", error),
+				 errhint("Fix outbox.bootstrap_servers or outbox.kafka_properties and reload the configuration.")));
+		if (last_config_error != NULL)
+			pfree(last_config_error);
+		last_config_error = MemoryContextStrdup(TopMemoryContext, error);
+	}
+	outbox_shared_set_error(error);
+	enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
+	return false;
+}
+
+/*
+ * Apply a SIGHUP.  Called between batches, so the batch in flight has
+ * finished.  A change to anything the producer was built with replaces the
+ * producer; everything else takes effect at the next batch.
+ */
+static void
+reload_config(void)
+{
+	ConfigReloadPending = false;
+	ProcessConfigFile(PGC_SIGHUP);
+
+	if (producer != NULL && outbox_producer_settings_changed(producer))
+	{
+		ereport(LOG,
+				(errmsg("outbox relay: Kafka settings changed, reconnecting")));
+		outbox_producer_destroy(producer);
+		producer = NULL;
+	}
+}
+
+/*
+ * Log state changes that matter to a DBA, each once: the broker going away
+ * and coming back, the relay waiting for its extension, no configuration.
+ */
+static void
+enter_state(OutboxRelayState new_state, const char *error)
+{
+	OutboxRelayState old_state = state;
+
+	if (new_state == old_state)
+		return;
+	state = new_state;
+	outbox_shared_set_state(new_state);
+	if (error != NULL)
+		outbox_shared_set_error(error);
+
+	switch (new_state)
+	{
+		case OUTBOX_STATE_BROKER_DOWN:
+			ereport(WARNING,
+					(errmsg("outbox relay cannot deliver events to Kafka at \"%s\"",
+							outbox_bootstrap_servers),
+					 errdetail("%s", error ? error : "all brokers are down"),
+					 errhint("Events stay in outbox.events and are retried; this is logged again only once Kafka is reachable.")));
+			break;
+		case OUTBOX_STATE_NOT_CONFIGURED:
+			ereport(LOG,
+					(errmsg("outbox relay is idle: outbox.bootstrap_servers is empty"),
+					 errhint("Set outbox.bootstrap_servers in postgresql.conf and reload the configuration.")));
+			break;
+		case OUTBOX_STATE_WAITING_FOR_EXTENSION:
+			ereport(LOG,
+					(errmsg("outbox relay is waiting for CREATE EXTENSION outbox in database \"%s\"",
+							outbox_database)));
+			break;
+		default:
+			if (old_state == OUTBOX_STATE_BROKER_DOWN)
+				ereport(LOG,
+						(errmsg("outbox relay reached Kafka again at \"%s\"",
+								outbox_bootstrap_servers)));
+			break;
+	}
+}
+
+/*
+ * on_proc_exit callback: drop the producer so that librdkafka's threads end
+ * before the process does.  Purging first keeps this fast when no broker is
+ * reachable (pg_ctl stop -m fast).
+ */
+static void
+destroy_producer_at_exit(int code, Datum arg)
+{
+	if (producer != NULL)
+	{
+		outbox_producer_destroy(producer);
+		producer = NULL;
+	}
+}

@@ -1,0 +1,407 @@
+#!/usr/bin/env bash
+# Local single-node Apache Kafka 4.x (KRaft, combined broker+controller) for outbox tests.
+# Jars come from Maven Central (test/env/kafka-pom.xml); no tarball, no Docker, no root needed.
+#
+# Usage: test/env/kafka.sh SUBCOMMAND [ARGS]
+#   fetch                      download the jars into $OUTBOX_CACHE/kafka/libs (once)
+#   start                      fetch if needed, format storage if new, start, wait until ready
+#   stop                       controlled shutdown (SIGTERM, up to 30 s, then SIGKILL)
+#   restart                    stop + start (data kept)
+#   reset                      stop and delete the state dir
+#   status                     exit 0 if running and answering
+#   topic-create NAME [PARTS]  create a topic (replication 1), idempotent
+#   bootstrap                  print 127.0.0.1:PORT
+#   cli CLASS [ARGS...]        run a Kafka CLI class with the Kafka classpath
+#   logs [N]                   print the last N (default 50) lines of the broker log
+#
+# Environment (defaults):
+#   OUTBOX_CACHE                  <repo>/.cache      jar cache (git-ignored)
+#   OUTBOX_KAFKA_DIR              /tmp/outbox-kafka  state: data/, logs/, broker.pid, configs
+#   OUTBOX_KAFKA_PORT             19092              PLAINTEXT listener (127.0.0.1 only)
+#   OUTBOX_KAFKA_CONTROLLER_PORT  19093              KRaft controller listener (127.0.0.1 only)
+#   OUTBOX_KAFKA_AUTOCREATE       true               auto.create.topics.enable
+#   OUTBOX_KAFKA_PARTITIONS       4                  num.partitions, and topic-create's default
+#   OUTBOX_KAFKA_HEAP             512m               -Xms/-Xmx of the broker
+#   OUTBOX_KAFKA_FRESH            0                  1: wipe the state dir before `start`
+#   OUTBOX_KAFKA_START_TIMEOUT    60                 seconds to wait for the broker to answer
+#   OUTBOX_KAFKA_LOG_LEVEL        INFO               root log level of the broker
+#   JAVA_HOME / JAVA                                 java 17+ (default: /usr/lib/jvm/java-17-openjdk-amd64)
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
+POM="$SCRIPT_DIR/kafka-pom.xml"
+
+CACHE_DIR="${OUTBOX_CACHE:-$REPO_DIR/.cache}/kafka"
+LIBS="$CACHE_DIR/libs"
+MARKER="$LIBS/.complete"
+M2_REPO="$CACHE_DIR/m2"
+
+STATE_DIR="${OUTBOX_KAFKA_DIR:-/tmp/outbox-kafka}"
+DATA_DIR="$STATE_DIR/data"
+LOG_DIR="$STATE_DIR/logs"
+PID_FILE="$STATE_DIR/broker.pid"
+BROKER_LOG="$LOG_DIR/broker.log"
+SERVER_PROPS="$STATE_DIR/server.properties"
+LOG4J_CONF="$STATE_DIR/log4j2.properties"
+
+HOST=127.0.0.1
+PORT="${OUTBOX_KAFKA_PORT:-19092}"
+CPORT="${OUTBOX_KAFKA_CONTROLLER_PORT:-19093}"
+AUTOCREATE="${OUTBOX_KAFKA_AUTOCREATE:-true}"
+PARTITIONS="${OUTBOX_KAFKA_PARTITIONS:-4}"
+HEAP="${OUTBOX_KAFKA_HEAP:-512m}"
+START_TIMEOUT="${OUTBOX_KAFKA_START_TIMEOUT:-60}"
+LOG_LEVEL="${OUTBOX_KAFKA_LOG_LEVEL:-INFO}"
+STOP_TIMEOUT=30
+
+if [[ -z "${JAVA:-}" ]]; then
+    if [[ -n "${JAVA_HOME:-}" && -x "$JAVA_HOME/bin/java" ]]; then
+        JAVA="$JAVA_HOME/bin/java"
+    elif [[ -x /usr/lib/jvm/java-17-openjdk-amd64/bin/java ]]; then
+        JAVA=/usr/lib/jvm/java-17-openjdk-amd64/bin/java
+    else
+        JAVA=java
+    fi
+fi
+
+log() { printf 'kafka.sh: %s\n' "$*" >&2; }
+die() { printf 'kafka.sh: ERROR: %s\n' "$*" >&2; exit 1; }
+
+need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found${2:+ ($2)}"; }
+
+check_port() {
+    if ! [[ "$1" =~ ^[0-9]+$ ]] || (( $1 < 1 || $1 > 65535 )); then die "invalid port '$1'"; fi
+}
+
+# --------------------------------------------------------------------------- fetch
+
+pom_sum() { sha256sum "$POM" | cut -d' ' -f1; }
+
+libs_complete() {
+    [[ -f "$MARKER" ]] && [[ "$(cat "$MARKER")" == "$(pom_sum)" ]]
+}
+
+cmd_fetch() {
+    if libs_complete; then
+        return 0
+    fi
+    need mvn "apt-get install -y maven"
+    mkdir -p "$CACHE_DIR"
+    # one fetch at a time (two test runners starting together)
+    exec 8>"$CACHE_DIR/.fetch.lock"
+    flock 8
+    if libs_complete; then exec 8>&-; return 0; fi
+    local tmp="$CACHE_DIR/libs.tmp.$$"
+    rm -rf "$tmp"
+    log "fetching Kafka jars from Maven Central into $LIBS (one-time) ..."
+    local t0=$SECONDS
+    if ! mvn -B -q -Dstyle.color=never -f "$POM" \
+            -Dmaven.repo.local="$M2_REPO" \
+            dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp" \
+            >"$CACHE_DIR/fetch.log" 2>&1; then
+        tail -n 40 "$CACHE_DIR/fetch.log" >&2 || true
+        rm -rf "$tmp"
+        die "maven download failed (full log: $CACHE_DIR/fetch.log)"
+    fi
+    ls "$tmp"/kafka_2.13-*.jar "$tmp"/kafka-tools-[0-9]*.jar "$tmp"/log4j-slf4j-impl-*.jar >/dev/null 2>&1 \
+        || { rm -rf "$tmp"; die "download incomplete: kafka_2.13 / kafka-tools / log4j-slf4j-impl jar missing"; }
+    pom_sum >"$tmp/.complete"
+    rm -rf "$LIBS"
+    mv "$tmp" "$LIBS"
+    exec 8>&-
+    log "fetched $(ls "$LIBS"/*.jar | wc -l) jars ($(du -sh "$LIBS" | cut -f1)) in $((SECONDS - t0)) s: $(kafka_version)"
+}
+
+kafka_version() {
+    local j
+    j=$(ls "$LIBS"/kafka_2.13-*.jar 2>/dev/null | head -n1) || true
+    [[ -n "$j" ]] || { echo unknown; return; }
+    j=${j##*/kafka_2.13-}
+    echo "kafka ${j%.jar}"
+}
+
+# ------------------------------------------------------------------ state / process
+
+# PID of our broker if the pid file names a live kafka.Kafka process of this state dir.
+broker_pid() {
+    [[ -f "$PID_FILE" ]] || return 1
+    local pid
+    pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    local cmdline
+    cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+    [[ "$cmdline" == *kafka.Kafka*"$SERVER_PROPS"* ]] || return 1
+    echo "$pid"
+}
+
+# Broker answers a metadata request and lists itself.
+broker_answers() {
+    local md
+    md=$(kcat -b "$HOST:$PORT" -L -m 2 2>/dev/null) || return 1
+    [[ "$md" == *"broker 1 at $HOST:$PORT"* ]]
+}
+
+port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+ensure_state_dir() {
+    mkdir -p "$STATE_DIR" 2>/dev/null || die "cannot create $STATE_DIR (set OUTBOX_KAFKA_DIR)"
+    [[ -w "$STATE_DIR" && -O "$STATE_DIR" ]] \
+        || die "$STATE_DIR belongs to $(stat -c %U "$STATE_DIR"), not $(id -un): run as that user, or set OUTBOX_KAFKA_DIR"
+    chmod 700 "$STATE_DIR"
+    mkdir -p "$DATA_DIR" "$LOG_DIR"
+}
+
+state_lock() {
+    exec 9>"$STATE_DIR/.lock"
+    flock 9
+}
+
+write_configs() {
+    cat >"$SERVER_PROPS" <<EOF
+# generated by test/env/kafka.sh; rewritten on every start
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$HOST:$CPORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CPORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DATA_DIR
+num.partitions=$PARTITIONS
+default.replication.factor=1
+auto.create.topics.enable=$AUTOCREATE
+delete.topic.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+min.insync.replicas=1
+group.initial.rebalance.delay.ms=0
+# after a kill -9 the restarted broker cannot register until the old session expires
+# (default 9 s + heartbeat 2 s): shorter, so crash/restart tests come back in ~5 s
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=4000
+EOF
+    cat >"$LOG4J_CONF" <<EOF
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = $LOG_LEVEL
+rootLogger.appenderRef.out.ref = OUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = WARN
+EOF
+}
+
+# JVM options for short-lived CLI tools: quiet log4j config on stderr, small heap, fast start.
+tools_log4j() {
+    local f="$CACHE_DIR/tools-log4j2.properties"
+    if [[ ! -f "$f" ]]; then
+        cat >"$f.$$" <<'EOF'
+status = warn
+appender.err.type = Console
+appender.err.name = ERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = ERR
+EOF
+        mv "$f.$$" "$f"
+    fi
+    echo "$f"
+}
+
+run_tool() {
+    cmd_fetch
+    local cls="$1"; shift
+    "$JAVA" -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$(tools_log4j)" -cp "$LIBS/*" "$cls" "$@"
+}
+
+# ------------------------------------------------------------------ subcommands
+
+cmd_status() {
+    local pid
+    if pid=$(broker_pid) && broker_answers; then
+        echo "running: pid $pid, bootstrap $HOST:$PORT, state $STATE_DIR"
+        return 0
+    fi
+    if pid=$(broker_pid); then
+        echo "starting or unhealthy: pid $pid does not answer on $HOST:$PORT"
+    elif [[ -e "$STATE_DIR" && ! -O "$STATE_DIR" ]]; then
+        echo "not ours: $STATE_DIR belongs to $(stat -c %U "$STATE_DIR"), not $(id -un) (set OUTBOX_KAFKA_DIR)"
+    elif port_open "$PORT"; then
+        echo "not running from $STATE_DIR, but something else listens on $HOST:$PORT"
+    else
+        echo "not running"
+    fi
+    return 1
+}
+
+cmd_start() {
+    check_port "$PORT"; check_port "$CPORT"
+    [[ "$PORT" != "$CPORT" ]] || die "OUTBOX_KAFKA_PORT and OUTBOX_KAFKA_CONTROLLER_PORT must differ"
+    [[ "$AUTOCREATE" == true || "$AUTOCREATE" == false ]] || die "OUTBOX_KAFKA_AUTOCREATE must be true or false"
+    [[ "$PARTITIONS" =~ ^[1-9][0-9]*$ ]] || die "OUTBOX_KAFKA_PARTITIONS must be a positive integer"
+    need kcat "apt-get install -y kcat"
+    need flock
+    "$JAVA" -version >/dev/null 2>&1 || die "java not runnable: $JAVA (need 17+)"
+
+    if [[ "${OUTBOX_KAFKA_FRESH:-0}" == 1 ]]; then
+        cmd_reset
+    fi
+    ensure_state_dir
+    state_lock
+
+    local pid
+    if pid=$(broker_pid); then
+        if wait_ready "$pid" "$START_TIMEOUT"; then
+            log "already running (pid $pid, $HOST:$PORT)"
+            return 0
+        fi
+        fail_start "pid $pid is alive but does not answer on $HOST:$PORT"
+    fi
+    rm -f "$PID_FILE"
+    local p
+    for p in "$PORT" "$CPORT"; do
+        ! port_open "$p" || die "port $HOST:$p is already in use by another process (set OUTBOX_KAFKA_PORT / OUTBOX_KAFKA_CONTROLLER_PORT)"
+    done
+
+    cmd_fetch
+    write_configs
+    local jlog=(-Dlog4j2.configurationFile="$LOG4J_CONF" -Dkafka.logs.dir="$LOG_DIR")
+
+    if [[ ! -f "$DATA_DIR/meta.properties" ]]; then
+        local cid
+        cid=$(cat "$STATE_DIR/cluster.id" 2>/dev/null || true)
+        if [[ -z "$cid" ]]; then
+            cid=$(run_tool kafka.tools.StorageTool random-uuid) || die "StorageTool random-uuid failed"
+            echo "$cid" >"$STATE_DIR/cluster.id"
+        fi
+        log "formatting KRaft storage in $DATA_DIR (cluster id $cid)"
+        run_tool kafka.tools.StorageTool format -t "$cid" -c "$SERVER_PROPS" --ignore-formatted \
+            >>"$LOG_DIR/format.log" 2>&1 \
+            || { tail -n 30 "$LOG_DIR/format.log" >&2; die "StorageTool format failed"; }
+    fi
+
+    log "starting $(kafka_version) on $HOST:$PORT (controller $CPORT), state $STATE_DIR"
+    printf '\n===== start %s =====\n' "$(date -Is)" >>"$BROKER_LOG"
+    # setsid: own session, so the broker survives the calling shell and its job-control signals.
+    # The pid is written by the shell that then execs java, so it is java's pid.
+    # 9>&- : do not leak the state lock into the broker.
+    setsid bash -c 'echo $$ >"$0"; exec "$@"' "$PID_FILE" \
+        "$JAVA" -Xms"$HEAP" -Xmx"$HEAP" -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15 \
+        -Djava.awt.headless=true "${jlog[@]}" -cp "$LIBS/*" kafka.Kafka "$SERVER_PROPS" \
+        </dev/null >>"$BROKER_LOG" 2>&1 9>&- &
+    local t0=$SECONDS
+    local i
+    for i in $(seq 1 50); do [[ -s "$PID_FILE" ]] && break; sleep 0.1; done
+    pid=$(cat "$PID_FILE" 2>/dev/null || true)
+    [[ -n "$pid" ]] || fail_start "broker process did not start"
+    if ! wait_ready "$pid" "$START_TIMEOUT"; then
+        if kill -0 "$pid" 2>/dev/null; then
+            fail_start "broker (pid $pid) did not answer on $HOST:$PORT within ${START_TIMEOUT}s"
+        fi
+        fail_start "broker (pid $pid) exited during startup"
+    fi
+    log "ready in $((SECONDS - t0)) s (pid $pid, bootstrap $HOST:$PORT)"
+}
+
+# wait_ready PID TIMEOUT: poll metadata until it answers; fail early if the process dies.
+wait_ready() {
+    local pid="$1" deadline=$((SECONDS + $2))
+    while (( SECONDS < deadline )); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        broker_answers && return 0
+        sleep 0.5
+    done
+    return 1
+}
+
+fail_start() {
+    log "last 40 lines of $BROKER_LOG:"
+    tail -n 40 "$BROKER_LOG" >&2 || true
+    local pid
+    if pid=$(broker_pid); then
+        log "stopping the half-started broker (pid $pid)"
+        stop_pid "$pid"
+    fi
+    die "$1"
+}
+
+stop_pid() {
+    local pid="$1" i
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < STOP_TIMEOUT * 5; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.2
+    done
+    log "broker (pid $pid) still alive after ${STOP_TIMEOUT}s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+}
+
+cmd_stop() {
+    [[ -d "$STATE_DIR" ]] || { log "not running"; return 0; }
+    [[ -O "$STATE_DIR" ]] || die "$STATE_DIR belongs to $(stat -c %U "$STATE_DIR"), not $(id -un)"
+    state_lock
+    local pid
+    if pid=$(broker_pid); then
+        local t0=$SECONDS
+        stop_pid "$pid"
+        log "stopped (pid $pid) in $((SECONDS - t0)) s"
+    else
+        log "not running"
+    fi
+    rm -f "$PID_FILE"
+}
+
+cmd_reset() {
+    cmd_stop
+    if [[ -d "$STATE_DIR" ]]; then
+        rm -rf "$STATE_DIR"
+        log "deleted $STATE_DIR"
+    fi
+}
+
+cmd_topic_create() {
+    [[ $# -ge 1 ]] || die "usage: topic-create NAME [PARTITIONS]"
+    local name="$1" parts="${2:-$PARTITIONS}"
+    run_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$HOST:$PORT" \
+        --create --if-not-exists --topic "$name" --partitions "$parts" --replication-factor 1
+}
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+
+main() {
+    local cmd="${1:-}"
+    [[ $# -gt 0 ]] && shift
+    case "$cmd" in
+        fetch)        cmd_fetch; log "jars ready in $LIBS ($(kafka_version))" ;;
+        start)        cmd_start ;;
+        stop)         cmd_stop ;;
+        restart)      cmd_stop; cmd_start ;;
+        reset)        cmd_reset ;;
+        status)       cmd_status ;;
+        topic-create) cmd_topic_create "$@" ;;
+        bootstrap)    echo "$HOST:$PORT" ;;
+        cli)          [[ $# -ge 1 ]] || die "usage: cli CLASS [ARGS...]"; run_tool "$@" ;;
+        logs)         tail -n "${1:-50}" "$BROKER_LOG" ;;
+        -h|--help|help) usage ;;
+        *)            usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# A throw-away PostgreSQL cluster for outbox's demo and tests, in its own directory, on 127.0.0.1.
+#
+# Usage: test/env/pg.sh SUBCOMMAND
+#   start      initdb if needed, then start (shared_preload_libraries = 'outbox'); waits until ready
+#   stop       pg_ctl stop -m fast (idempotent)
+#   restart    pg_ctl restart -m fast
+#   reset      stop and delete the cluster directory
+#   status     exit 0 if running
+#   env        print PGHOST/PGPORT/PGUSER/PGDATABASE lines to eval
+#   log [N]    last N lines (default 50) of the server log
+#   ctl ARGS   run pg_ctl ARGS on the cluster (as the cluster's owner)
+#   run CMD    run a command as the cluster's owner (e.g. pg_ctl, pg_basebackup)
+#
+# Environment (defaults):
+#   OUTBOX_PG_DIR        /tmp/outbox-pg     cluster directory (data/, log, sockets)
+#   OUTBOX_PG_PORT       54329              TCP port on 127.0.0.1
+#   OUTBOX_PG_DATABASE   outbox             database the relay serves (outbox.database); created
+#   OUTBOX_KAFKA         127.0.0.1:19092    outbox.bootstrap_servers ('' leaves the relay unconfigured)
+#   OUTBOX_PG_FRESH      0                  1: wipe the cluster before start
+#
+# initdb and postgres refuse to run as root; as root the cluster runs as the user "postgres"
+# (created by Debian's postgresql package), otherwise as whoever runs this script.
+set -euo pipefail
+
+DIR="${OUTBOX_PG_DIR:-/tmp/outbox-pg}"
+DATA="$DIR/data"
+LOG="$DIR/server.log"
+PORT="${OUTBOX_PG_PORT:-54329}"
+DB="${OUTBOX_PG_DATABASE:-outbox}"
+KAFKA="${OUTBOX_KAFKA-127.0.0.1:19092}"
+BINDIR=$(pg_config --bindir)
+
+die() { printf 'pg.sh: ERROR: %s\n' "$*" >&2; exit 1; }
+log() { printf 'pg.sh: %s\n' "$*" >&2; }
+
+if [[ $(id -u) -eq 0 ]]; then
+    OWNER=postgres
+    id -u "$OWNER" >/dev/null 2>&1 || die "user 'postgres' does not exist (install postgresql-15)"
+    as_owner() { runuser -u "$OWNER" -- "$@"; }
+else
+    OWNER=$(id -un)
+    as_owner() { "$@"; }
+fi
+
+psql_admin() { "$BINDIR/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 "$@"; }
+
+running() { [[ -f "$DATA/postmaster.pid" ]] && as_owner "$BINDIR/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
+
+init_cluster() {
+    mkdir -p "$DIR"
+    chmod 755 "$DIR"
+    [[ $(id -u) -eq 0 ]] && chown "$OWNER" "$DIR"
+    [[ -O "$DIR" || $(id -u) -eq 0 ]] || die "$DIR belongs to another user; set OUTBOX_PG_DIR"
+    as_owner "$BINDIR/initdb" -D "$DATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
+        || { cat "$DIR/initdb.log" >&2; die "initdb failed"; }
+    as_owner tee -a "$DATA/postgresql.conf" >/dev/null <<EOF
+
+# --- outbox test cluster (test/env/pg.sh) ---
+listen_addresses = '127.0.0.1'
+port = $PORT
+unix_socket_directories = '$DIR'
+shared_preload_libraries = 'outbox'
+outbox.database = '$DB'
+outbox.bootstrap_servers = '$KAFKA'
+outbox.poll_interval = 1000
+max_connections = 100
+max_wal_senders = 10
+wal_level = replica
+fsync = on
+log_line_prefix = '%m [%p] %b '
+log_min_messages = info
+EOF
+}
+
+start() {
+    [[ "${OUTBOX_PG_FRESH:-0}" = 1 ]] && reset
+    if running; then log "already running on port $PORT"; return 0; fi
+    [[ -f "$DATA/PG_VERSION" ]] || init_cluster
+    touch "$LOG" 2>/dev/null || true
+    [[ $(id -u) -eq 0 ]] && chown "$OWNER" "$LOG"
+    as_owner "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null \
+        || { tail -n 30 "$LOG" >&2; die "server did not start"; }
+    if ! psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1; then
+        psql_admin -c "CREATE DATABASE \"$DB\""
+    fi
+    log "running on 127.0.0.1:$PORT (data $DATA, log $LOG)"
+}
+
+stop() {
+    if [[ -f "$DATA/postmaster.pid" ]]; then
+        as_owner "$BINDIR/pg_ctl" -D "$DATA" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+    fi
+}
+
+reset() {
+    stop
+    rm -rf "$DIR"
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+    start) start ;;
+    stop) stop ;;
+    restart) as_owner "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -m fast -w -t 60 restart >/dev/null ;;
+    reset) reset ;;
+    status) running ;;
+    env) printf 'export PGHOST=127.0.0.1 PGPORT=%s PGUSER=postgres PGDATABASE=%s\n' "$PORT" "$DB" ;;
+    log) tail -n "${1:-50}" "$LOG" ;;
+    ctl) as_owner "$BINDIR/pg_ctl" -D "$DATA" "$@" ;;
+    run) as_owner "$@" ;;
+    *) sed -n '2,24p' "$0"; exit 2 ;;
+esac
