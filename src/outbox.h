@@ -125,6 +125,7 @@ extern void outbox_register_wakeup_at_commit(void);
  * worker.c
  */
 extern void outbox_register_worker(void);
+extern void outbox_enter_state(OutboxRelayState new_state, const char *error);
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
 #endif							/* OUTBOX_H */

@@ -498,6 +498,8 @@ wait_for_deliveries(OutboxProducer *producer)
 		}
 		if (producer->fatal)
 			break;
+		if (producer->all_brokers_down)
+			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
 
 		now = GetCurrentTimestamp();
 		if (producer->outstanding != last_outstanding)

@@ -58,7 +58,6 @@ static void connect_to_database(void);
 static void wait_for_database(void) pg_attribute_noreturn();
 static void relay_loop(void) pg_attribute_noreturn();
 static long relay_step(void);
-static void enter_state(OutboxRelayState new_state, const char *error);
 static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
@@ -169,7 +168,7 @@ wait_for_database(void)
 
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 	outbox_shared_register_worker();
-	enter_state(OUTBOX_STATE_WAITING_FOR_DATABASE, NULL);
+	outbox_enter_state(OUTBOX_STATE_WAITING_FOR_DATABASE, NULL);
 
 	for (;;)
 	{
@@ -317,7 +316,7 @@ relay_step(void)
 			outbox_producer_destroy(producer);
 			producer = NULL;
 		}
-		enter_state(OUTBOX_STATE_NOT_CONFIGURED, NULL);
+		outbox_enter_state(OUTBOX_STATE_NOT_CONFIGURED, NULL);
 		return outbox_poll_interval;
 	}
 
@@ -328,7 +327,7 @@ relay_step(void)
 
 	if (result.table_missing)
 	{
-		enter_state(OUTBOX_STATE_WAITING_FOR_EXTENSION, NULL);
+		outbox_enter_state(OUTBOX_STATE_WAITING_FOR_EXTENSION, NULL);
 		return outbox_poll_interval;
 	}
 
@@ -358,26 +357,26 @@ relay_step(void)
 
 	/* what does this batch tell us about the broker? */
 	if (result.published > 0)
-		enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
+		outbox_enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
 	else if (result.failed_transient > 0 || result.aborted)
-		enter_state(OUTBOX_STATE_BROKER_DOWN,
+		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN,
 					result.first_error ? result.first_error : producer->last_error_text);
 	else if (producer->all_brokers_down && state != OUTBOX_STATE_BROKER_DOWN)
 	{
 		/* librdkafka also says this when an idle connection is closed */
 		if (!outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
-			enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
+			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
 		last_probe = GetCurrentTimestamp();
 	}
 	else if (state == OUTBOX_STATE_BROKER_DOWN && result.claimed == 0 &&
 			 TimestampDifferenceExceeds(last_probe, GetCurrentTimestamp(), PROBE_INTERVAL_MS))
 	{
 		if (outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
-			enter_state(OUTBOX_STATE_IDLE, NULL);
+			outbox_enter_state(OUTBOX_STATE_IDLE, NULL);
 		last_probe = GetCurrentTimestamp();
 	}
 	else if (state != OUTBOX_STATE_BROKER_DOWN)
-		enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
+		outbox_enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
 	producer->all_brokers_down = false;
 
 	if (result.claimed >= outbox_batch_size && !result.aborted)
@@ -420,7 +419,7 @@ ensure_producer(void)
 		last_config_error = MemoryContextStrdup(TopMemoryContext, error);
 	}
 	outbox_shared_set_error(error);
-	enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
+	outbox_enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
 	return false;
 }
 
@@ -445,11 +444,14 @@ reload_config(void)
 }
 
 /*
- * Log state changes that matter to a DBA, each once: the broker going away
- * and coming back, the relay waiting for its extension, no configuration.
+ * outbox_enter_state
+ *		Change the relay's state (shown by outbox.status) and log the
+ *		changes that matter to a DBA, each once: the broker going away and
+ *		coming back, the relay waiting for its extension, no configuration.
+ *		error, if not NULL, becomes the status' last error.
  */
-static void
-enter_state(OutboxRelayState new_state, const char *error)
+void
+outbox_enter_state(OutboxRelayState new_state, const char *error)
 {
 	OutboxRelayState old_state = state;
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The quick-start demo: install what is needed, build and install the extension, start a local
+# Kafka broker and a local Postgres cluster, run a sample order workload (orders + order lines +
+# outbox.emit() in the same transactions, some rolled back), and show the events arriving in Kafka.
+#
+# Usage: test/demo.sh          run the demo; the servers keep running afterwards
+#        test/demo.sh stop     stop the demo's Postgres and Kafka
+#
+# Postgres: 127.0.0.1:54329 (/tmp/outbox-pg), Kafka: 127.0.0.1:19092 (/tmp/outbox-kafka).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+
+if [[ "${1:-}" == stop ]]; then
+    test/env/pg.sh stop
+    test/env/kafka.sh stop
+    exit 0
+fi
+
+export OUTBOX_KAFKA=127.0.0.1:19092
+eval "$(test/env/pg.sh env)"
+SUDO=()
+[[ $(id -u) -eq 0 ]] || SUDO=(sudo)
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "1/6 packages"
+test/env/deps.sh
+
+step "2/6 build and install the extension"
+make -s
+"${SUDO[@]}" make -s install
+
+step "3/6 start Kafka (KRaft, single node) and Postgres (shared_preload_libraries = 'outbox')"
+test/env/kafka.sh start
+test/env/kafka.sh topic-create outbox.event.order 4 >/dev/null
+test/env/pg.sh start
+
+step "4/6 schema: the extension and a small order model"
+psql -X -q -v ON_ERROR_STOP=1 <<'SQL'
+CREATE EXTENSION IF NOT EXISTS outbox;
+CREATE TABLE IF NOT EXISTS orders (
+    id          bigint PRIMARY KEY,
+    customer    text NOT NULL,
+    total       numeric(12,2) NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS order_lines (
+    order_id    bigint REFERENCES orders,
+    line        int,
+    sku         text NOT NULL,
+    qty         int NOT NULL,
+    price       numeric(12,2) NOT NULL,
+    PRIMARY KEY (order_id, line)
+);
+CREATE SEQUENCE IF NOT EXISTS order_ids;
+SQL
+
+# One order per transaction: the order, three lines, and its event. One transaction in ten
+# rolls back at the end, and its event must never reach Kafka.
+cat > /tmp/outbox-demo-order.sql <<'SQL'
+\set customer random(1, 50)
+\set rollback random(1, 10)
+BEGIN;
+SELECT nextval('order_ids') AS order_id \gset
+INSERT INTO orders (id, customer, total) VALUES (:order_id, 'customer-' || :customer, 0);
+INSERT INTO order_lines SELECT :order_id, l, 'sku-' || (l * 7 + :customer) % 40, l, 9.90 * l FROM generate_series(1, 3) AS l;
+UPDATE orders SET total = (SELECT sum(qty * price) FROM order_lines WHERE order_id = :order_id) WHERE id = :order_id;
+SELECT outbox.emit('order', :order_id::text, 'order.created',
+                   jsonb_build_object('order_id', :order_id, 'customer', 'customer-' || :customer,
+                                      'total', (SELECT total FROM orders WHERE id = :order_id),
+                                      'lines', (SELECT jsonb_agg(jsonb_build_object('sku', sku, 'qty', qty, 'price', price))
+                                                  FROM order_lines WHERE order_id = :order_id)),
+                   jsonb_build_object('source', 'demo'));
+\if :rollback = 1
+ROLLBACK;
+\else
+COMMIT;
+\endif
+SQL
+
+step "5/6 workload: 4 sessions, 10 s of orders (10% rolled back)"
+before=$(psql -X -tAc "SELECT count(*) FROM outbox.events")
+pgbench -n -c 4 -j 2 -T 10 -f /tmp/outbox-demo-order.sql -P 2 2>&1 | grep -E 'progress|tps|transactions actually' || true
+sleep 1
+committed=$(( $(psql -X -tAc "SELECT count(*) FROM outbox.events") - before ))
+echo "committed orders with an event in this run: $committed"
+
+step "6/6 what arrived in Kafka (topic outbox.event.order)"
+psql -X -c "SELECT state, pending, published, last_error FROM outbox.status"
+in_kafka=$(kcat -C -b "$OUTBOX_KAFKA" -t outbox.event.order -o beginning -e -q -f 'x\n' 2>/dev/null | wc -l)
+echo "messages in the topic (all runs): $in_kafka; events published (all runs): $(psql -X -tAc 'SELECT count(*) FROM outbox.events WHERE published_at IS NOT NULL')"
+echo
+echo "the last 3 messages (partition, offset, key, headers, payload):"
+kcat -C -b "$OUTBOX_KAFKA" -t outbox.event.order -o -1 -e -q \
+    -f 'partition=%p offset=%o key=%k\n  headers: %h\n  payload: %s\n' 2>/dev/null | tail -n 9
+echo
+echo "Servers keep running: psql -h 127.0.0.1 -p 54329 -U postgres outbox"
+echo "Watch events live:    kcat -C -b $OUTBOX_KAFKA -t outbox.event.order -f '%k %h %s\n'"
+echo "Stop them:            test/demo.sh stop"
