@@ -229,9 +229,11 @@ validate_headers(Jsonb *headers)
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 	{
-		const char *got = JB_ROOT_IS_ARRAY(headers) && !JB_ROOT_IS_SCALAR(headers) ?
-		"an array" : "a scalar";
+		const char *got = "an array";
 
+		if (JB_ROOT_IS_SCALAR(headers) &&
+			JsonbExtractScalar(&headers->root, &v))
+			got = jsonb_type_name(&v);
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("headers must be a JSON object"),

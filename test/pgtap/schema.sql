@@ -1,0 +1,214 @@
+-- pgTAP: the SQL objects created by CREATE EXTENSION outbox (sql/outbox--1.0.sql).
+-- Run with: pg_prove -h 127.0.0.1 -p PORT -U postgres -d outbox test/pgtap/*.sql
+-- Everything happens in one transaction that is rolled back.
+BEGIN;
+CREATE EXTENSION IF NOT EXISTS pgtap;
+CREATE EXTENSION outbox;
+
+SELECT plan(100);
+
+-- the extension and its schema
+SELECT has_extension('outbox', 'extension outbox is installed');
+SELECT has_schema('outbox', 'schema outbox exists');
+SELECT is_empty($$
+    SELECT c.relname FROM pg_class c
+     WHERE c.relnamespace = 'outbox'::regnamespace
+       AND c.relkind IN ('r', 'v', 'S')
+       AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                        WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                          AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e')
+       AND NOT EXISTS (SELECT 1 FROM pg_depend d           -- identity sequence: owned by the table
+                        WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                          AND d.deptype = 'i')
+$$, 'every table and view in schema outbox belongs to the extension');
+
+-- table outbox.events
+SELECT has_table('outbox', 'events', 'table outbox.events exists');
+SELECT is((SELECT relpersistence FROM pg_class WHERE oid = 'outbox.events'::regclass), 'p'::"char",
+          'outbox.events is a permanent (WAL-logged) table');
+SELECT columns_are('outbox', 'events', ARRAY[
+    'id', 'event_id', 'aggregate_type', 'aggregate_id', 'event_type', 'topic', 'payload',
+    'headers', 'created_at', 'published_at', 'attempts', 'last_error', 'next_attempt_at'],
+    'outbox.events has exactly the expected columns');
+
+-- column types
+SELECT col_type_is('outbox', 'events', 'id',              'bigint',                   'events.id is bigint');
+SELECT col_type_is('outbox', 'events', 'event_id',        'uuid',                     'events.event_id is uuid');
+SELECT col_type_is('outbox', 'events', 'aggregate_type',  'text',                     'events.aggregate_type is text');
+SELECT col_type_is('outbox', 'events', 'aggregate_id',    'text',                     'events.aggregate_id is text');
+SELECT col_type_is('outbox', 'events', 'event_type',      'text',                     'events.event_type is text');
+SELECT col_type_is('outbox', 'events', 'topic',           'text',                     'events.topic is text');
+SELECT col_type_is('outbox', 'events', 'payload',         'jsonb',                    'events.payload is jsonb');
+SELECT col_type_is('outbox', 'events', 'headers',         'jsonb',                    'events.headers is jsonb');
+SELECT col_type_is('outbox', 'events', 'created_at',      'timestamp with time zone', 'events.created_at is timestamptz');
+SELECT col_type_is('outbox', 'events', 'published_at',    'timestamp with time zone', 'events.published_at is timestamptz');
+SELECT col_type_is('outbox', 'events', 'attempts',        'integer',                  'events.attempts is integer');
+SELECT col_type_is('outbox', 'events', 'last_error',      'text',                     'events.last_error is text');
+SELECT col_type_is('outbox', 'events', 'next_attempt_at', 'timestamp with time zone', 'events.next_attempt_at is timestamptz');
+
+-- NOT NULL-ness
+SELECT col_not_null('outbox', 'events', 'id',              'events.id is NOT NULL');
+SELECT col_not_null('outbox', 'events', 'event_id',        'events.event_id is NOT NULL');
+SELECT col_not_null('outbox', 'events', 'aggregate_type',  'events.aggregate_type is NOT NULL');
+SELECT col_not_null('outbox', 'events', 'aggregate_id',    'events.aggregate_id is NOT NULL');
+SELECT col_not_null('outbox', 'events', 'event_type',      'events.event_type is NOT NULL');
+SELECT col_is_null ('outbox', 'events', 'topic',           'events.topic is nullable (NULL = routed)');
+SELECT col_is_null ('outbox', 'events', 'payload',         'events.payload is nullable (NULL = tombstone)');
+SELECT col_is_null ('outbox', 'events', 'headers',         'events.headers is nullable');
+SELECT col_not_null('outbox', 'events', 'created_at',      'events.created_at is NOT NULL');
+SELECT col_is_null ('outbox', 'events', 'published_at',    'events.published_at is nullable (NULL = pending)');
+SELECT col_not_null('outbox', 'events', 'attempts',        'events.attempts is NOT NULL');
+SELECT col_is_null ('outbox', 'events', 'last_error',      'events.last_error is nullable');
+SELECT col_is_null ('outbox', 'events', 'next_attempt_at', 'events.next_attempt_at is nullable');
+
+-- defaults and identity
+SELECT is((SELECT attidentity FROM pg_attribute
+            WHERE attrelid = 'outbox.events'::regclass AND attname = 'id'), 'a'::"char",
+          'events.id is GENERATED ALWAYS AS IDENTITY');
+SELECT isnt(pg_get_serial_sequence('outbox.events', 'id'), NULL, 'events.id has an identity sequence');
+SELECT col_has_default('outbox', 'events', 'event_id', 'events.event_id has a default');
+SELECT col_default_is ('outbox', 'events', 'event_id', 'gen_random_uuid()', 'events.event_id defaults to gen_random_uuid()');
+SELECT col_has_default('outbox', 'events', 'created_at', 'events.created_at has a default');
+SELECT col_default_is ('outbox', 'events', 'created_at', 'clock_timestamp()', 'events.created_at defaults to clock_timestamp()');
+SELECT col_has_default('outbox', 'events', 'attempts', 'events.attempts has a default');
+SELECT col_default_is ('outbox', 'events', 'attempts', 0, 'events.attempts defaults to 0');
+SELECT col_hasnt_default('outbox', 'events', 'aggregate_type', 'events.aggregate_type has no default');
+SELECT col_hasnt_default('outbox', 'events', 'aggregate_id',   'events.aggregate_id has no default');
+SELECT col_hasnt_default('outbox', 'events', 'event_type',     'events.event_type has no default');
+SELECT col_hasnt_default('outbox', 'events', 'published_at',   'events.published_at has no default (new events are pending)');
+SELECT col_hasnt_default('outbox', 'events', 'next_attempt_at', 'events.next_attempt_at has no default');
+
+-- keys
+SELECT has_pk('outbox', 'events', 'outbox.events has a primary key');
+SELECT col_is_pk('outbox', 'events', 'id', 'the primary key of outbox.events is id');
+SELECT col_is_unique('outbox', 'events', 'event_id', 'events.event_id is unique');
+
+-- indexes
+SELECT indexes_are('outbox', 'events',
+    ARRAY['events_pkey', 'events_event_id_key', 'events_pending_idx', 'events_retry_idx'],
+    'outbox.events has exactly the expected indexes');
+SELECT has_index('outbox', 'events', 'events_pending_idx', ARRAY['id'],
+                 'index events_pending_idx is on (id)');
+SELECT isnt((SELECT indpred FROM pg_index WHERE indexrelid = 'outbox.events_pending_idx'::regclass)::text, NULL,
+            'events_pending_idx is a partial index');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
+            WHERE indexrelid = 'outbox.events_pending_idx'::regclass),
+          '(published_at IS NULL)', 'events_pending_idx covers only published_at IS NULL');
+SELECT matches((SELECT indexdef FROM pg_indexes
+                 WHERE schemaname = 'outbox' AND indexname = 'events_pending_idx'),
+               'USING btree \(id\) WHERE \(published_at IS NULL\)$',
+               'pg_indexes shows events_pending_idx as btree (id) WHERE published_at IS NULL');
+SELECT has_index('outbox', 'events', 'events_retry_idx', ARRAY['aggregate_type', 'aggregate_id', 'id'],
+                 'index events_retry_idx is on (aggregate_type, aggregate_id, id)');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
+            WHERE indexrelid = 'outbox.events_retry_idx'::regclass),
+          '((published_at IS NULL) AND (attempts > 0))',
+          'events_retry_idx covers only pending events that failed at least once');
+
+-- function outbox.emit
+SELECT has_function('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'],
+                    'function outbox.emit(text, text, text, jsonb, jsonb, text) exists');
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace AND proname = 'emit'),
+          1, 'outbox.emit is not overloaded');
+SELECT function_returns('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'], 'uuid',
+                        'outbox.emit returns uuid');
+SELECT is(pg_get_function_arguments('outbox.emit(text, text, text, jsonb, jsonb, text)'::regprocedure),
+          'aggregate_type text, aggregate_id text, event_type text, payload jsonb, headers jsonb DEFAULT NULL::jsonb, topic text DEFAULT NULL::text',
+          'outbox.emit argument names, and headers and topic default to NULL');
+SELECT is((SELECT pronargdefaults::int FROM pg_proc WHERE oid = 'outbox.emit(text, text, text, jsonb, jsonb, text)'::regprocedure),
+          2, 'outbox.emit has exactly two defaulted arguments');
+SELECT function_lang_is('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'], 'c',
+                        'outbox.emit is written in C');
+SELECT volatility_is('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'], 'volatile',
+                     'outbox.emit is VOLATILE');
+SELECT isnt_strict('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'],
+                   'outbox.emit is not STRICT (a NULL payload makes a tombstone)');
+SELECT isnt_definer('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'],
+                    'outbox.emit is not SECURITY DEFINER');
+SELECT is((SELECT proparallel FROM pg_proc WHERE oid = 'outbox.emit(text, text, text, jsonb, jsonb, text)'::regprocedure),
+          'u'::"char", 'outbox.emit is PARALLEL UNSAFE');
+
+-- function outbox.worker_status
+SELECT has_function('outbox', 'worker_status', ARRAY[]::text[], 'function outbox.worker_status() exists');
+SELECT function_returns('outbox', 'worker_status', ARRAY[]::text[], 'setof record',
+                        'outbox.worker_status returns setof record');
+SELECT is(pg_get_function_arguments('outbox.worker_status()'::regprocedure),
+          'OUT database name, OUT pid integer, OUT state text, OUT published bigint, OUT failed bigint, OUT last_publish_at timestamp with time zone, OUT last_error text, OUT last_error_at timestamp with time zone, OUT started_at timestamp with time zone',
+          'outbox.worker_status OUT columns');
+SELECT function_lang_is('outbox', 'worker_status', ARRAY[]::text[], 'c', 'outbox.worker_status is written in C');
+SELECT volatility_is('outbox', 'worker_status', ARRAY[]::text[], 'volatile', 'outbox.worker_status is VOLATILE');
+SELECT functions_are('outbox', ARRAY['emit', 'worker_status'], 'schema outbox has exactly the functions emit and worker_status');
+
+-- view outbox.status
+SELECT has_view('outbox', 'status', 'view outbox.status exists');
+SELECT views_are('outbox', ARRAY['status'], 'schema outbox has exactly the view status');
+SELECT tables_are('outbox', ARRAY['events'], 'schema outbox has exactly the table events');
+SELECT columns_are('outbox', 'status', ARRAY[
+    'database', 'pid', 'state', 'pending', 'oldest_pending_age', 'published', 'failed',
+    'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
+    'outbox.status has exactly the expected columns');
+SELECT is(ARRAY(SELECT attname::text FROM pg_attribute
+                 WHERE attrelid = 'outbox.status'::regclass AND attnum > 0 AND NOT attisdropped
+                 ORDER BY attnum),
+          ARRAY['database', 'pid', 'state', 'pending', 'oldest_pending_age', 'published', 'failed',
+                'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
+          'outbox.status columns are in the documented order');
+SELECT col_type_is('outbox', 'status', 'database',           'name',                     'status.database is name');
+SELECT col_type_is('outbox', 'status', 'pid',                'integer',                  'status.pid is integer');
+SELECT col_type_is('outbox', 'status', 'state',              'text',                     'status.state is text');
+SELECT col_type_is('outbox', 'status', 'pending',            'bigint',                   'status.pending is bigint');
+SELECT col_type_is('outbox', 'status', 'oldest_pending_age', 'interval',                 'status.oldest_pending_age is interval');
+SELECT col_type_is('outbox', 'status', 'published',          'bigint',                   'status.published is bigint');
+SELECT col_type_is('outbox', 'status', 'failed',             'bigint',                   'status.failed is bigint');
+SELECT col_type_is('outbox', 'status', 'last_publish_at',    'timestamp with time zone', 'status.last_publish_at is timestamptz');
+SELECT col_type_is('outbox', 'status', 'last_error',         'text',                     'status.last_error is text');
+SELECT col_type_is('outbox', 'status', 'last_error_at',      'timestamp with time zone', 'status.last_error_at is timestamptz');
+SELECT col_type_is('outbox', 'status', 'started_at',         'timestamp with time zone', 'status.started_at is timestamptz');
+SELECT lives_ok('SELECT * FROM outbox.status', 'outbox.status can be queried');
+
+-- comments: present and non-empty on the table, every column, both functions and the view
+SELECT ok(coalesce(btrim(obj_description('outbox.events'::regclass, 'pg_class')), '') <> '',
+          'table outbox.events has a comment');
+SELECT is((SELECT count(*)::int FROM pg_attribute
+            WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped),
+          13, 'outbox.events has 13 columns to check for comments');
+SELECT is_empty($$
+    SELECT attname FROM pg_attribute
+     WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped
+       AND coalesce(btrim(col_description(attrelid, attnum)), '') = ''
+     ORDER BY attnum
+$$, 'every column of outbox.events has a non-empty comment');
+SELECT ok(coalesce(btrim(obj_description('outbox.emit(text, text, text, jsonb, jsonb, text)'::regprocedure, 'pg_proc')), '') <> '',
+          'function outbox.emit has a comment');
+SELECT ok(coalesce(btrim(obj_description('outbox.worker_status()'::regprocedure, 'pg_proc')), '') <> '',
+          'function outbox.worker_status has a comment');
+SELECT ok(coalesce(btrim(obj_description('outbox.status'::regclass, 'pg_class')), '') <> '',
+          'view outbox.status has a comment');
+SELECT is_empty($$
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'outbox'::regnamespace
+       AND coalesce(btrim(obj_description(p.oid, 'pg_proc')), '') = ''
+$$, 'every function in schema outbox has a comment');
+
+-- comments say what the SQLSTATEs and the reserved headers are (the documented contract)
+SELECT matches(obj_description('outbox.emit(text, text, text, jsonb, jsonb, text)'::regprocedure, 'pg_proc'),
+               '22004.*22023', 'outbox.emit comment documents SQLSTATEs 22004 and 22023');
+
+-- a plain INSERT gets the documented defaults (inside this rolled-back transaction)
+INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type) VALUES ('t', '1', 'e');
+SELECT results_eq($$
+    SELECT id IS NOT NULL, event_id IS NOT NULL, created_at IS NOT NULL, published_at IS NULL,
+           attempts, topic IS NULL, payload IS NULL, headers IS NULL
+      FROM outbox.events
+$$, $$ VALUES (true, true, true, true, 0, true, true, true) $$,
+   'an inserted row gets id, event_id, created_at, attempts 0 and NULL elsewhere');
+SELECT throws_ok($$ INSERT INTO outbox.events (id, aggregate_type, aggregate_id, event_type) VALUES (1, 't', '1', 'e') $$,
+                 '428C9', NULL, 'events.id cannot be set explicitly (GENERATED ALWAYS)');
+SELECT throws_ok($$ INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type)
+                    SELECT event_id, 't', '2', 'e' FROM outbox.events $$,
+                 '23505', NULL, 'a duplicate event_id is rejected');
+SELECT throws_ok($$ INSERT INTO outbox.events (aggregate_type, aggregate_id) VALUES ('t', '3') $$,
+                 '23502', NULL, 'event_type is required');
+
+SELECT * FROM finish();
+ROLLBACK;
