@@ -11,6 +11,7 @@ OBJS = \
 	src/shmem.o \
 	src/emit.o \
 	src/status.o \
+	src/ops.o \
 	src/producer.o \
 	src/relay.o \
 	src/worker.o

@@ -26,6 +26,14 @@ char	   *outbox_kafka_properties = NULL;
 int			outbox_retention = 600;
 int			outbox_delivery_timeout = 30000;
 int			outbox_retry_backoff_max = 30000;
+int			outbox_max_attempts = 10;
+int			outbox_on_failed_event = OUTBOX_ON_FAILED_HOLD;
+
+static const struct config_enum_entry on_failed_event_options[] = {
+	{"hold", OUTBOX_ON_FAILED_HOLD, false},
+	{"skip", OUTBOX_ON_FAILED_SKIP, false},
+	{NULL, 0, false}
+};
 
 static bool check_topic_prefix(char **newval, void **extra, GucSource source);
 static bool check_kafka_properties(char **newval, void **extra,
@@ -120,6 +128,25 @@ outbox_define_gucs(void)
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_attempts",
+							"Delivery attempts Kafka may refuse with a permanent error before an event is marked failed.",
+							"Transient failures (broker unreachable, timeouts) never count.",
+							&outbox_max_attempts,
+							10, 1, 1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("outbox.on_failed_event",
+							 "What later events of an aggregate do when one of its events is marked failed.",
+							 "hold: they wait behind it until outbox.retry_failed(), keeping the aggregate's order; skip: they go on without it.",
+							 &outbox_on_failed_event,
+							 OUTBOX_ON_FAILED_HOLD,
+							 on_failed_event_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");
 }

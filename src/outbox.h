@@ -50,6 +50,12 @@ extern char *outbox_kafka_properties;	/* extra librdkafka key=value;... */
 extern int	outbox_retention;			/* s to keep published rows; -1 forever */
 extern int	outbox_delivery_timeout;	/* ms: message.timeout.ms */
 extern int	outbox_retry_backoff_max;	/* ms: cap of the per-event backoff */
+extern int	outbox_max_attempts;		/* permanent failures before "failed" */
+extern int	outbox_on_failed_event;		/* OUTBOX_ON_FAILED_* */
+
+/* outbox.on_failed_event: later events of a failed event's aggregate ... */
+#define OUTBOX_ON_FAILED_HOLD	0	/* ... wait behind it */
+#define OUTBOX_ON_FAILED_SKIP	1	/* ... go on without it */
 
 extern void outbox_define_gucs(void);
 
@@ -99,7 +105,8 @@ typedef struct OutboxShared
 
 	OutboxRelayState state;
 	int64		published;		/* events acknowledged since start */
-	int64		failed;			/* failed delivery attempts since start */
+	int64		failed;			/* events marked failed since start */
+	int64		delivery_errors;	/* failed delivery attempts since start */
 	TimestampTz last_publish_at;
 	TimestampTz last_error_at;
 	char		last_error[OUTBOX_ERROR_LEN];
@@ -111,7 +118,8 @@ extern void outbox_shmem_install_hooks(void);
 extern void outbox_shared_register_worker(void);
 extern void outbox_shared_set_state(OutboxRelayState state);
 extern void outbox_shared_set_error(const char *error);
-extern void outbox_shared_count(int64 published, int64 failed);
+extern void outbox_shared_count(int64 published, int64 failed,
+								int64 delivery_errors);
 extern const char *outbox_state_name(OutboxRelayState state);
 extern void outbox_wake_worker(void);
 

@@ -38,6 +38,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -54,24 +55,50 @@
 #define CLEANUP_MAX_CHUNKS	10
 
 /*
- * The claim.  The NOT EXISTS keeps an aggregate's later events behind an
- * earlier one that failed and waits for its retry; it probes a partial index
- * that is empty while all is well.
+ * The claim, in three variants (see claim_variant()).  Events of an
+ * aggregate that has an earlier failed event still pending wait behind it
+ * (with on_failed_event = hold also behind one marked failed).  The blocked
+ * aggregates are computed once per claim from a partial index that is empty
+ * while all is well; a correlated NOT EXISTS per candidate row was planned
+ * as a scan of the whole backlog per row once ANALYZE saw an idle table.
  */
-static const char *const claim_sql =
-"SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type,"
-"       e.topic, e.payload, e.headers, e.created_at, e.attempts"
-"  FROM outbox.events AS e"
-" WHERE e.published_at IS NULL"
+#define CLAIM_BLOCKED(extra) \
+"WITH blocked AS MATERIALIZED (" \
+"  SELECT b.aggregate_type, b.aggregate_id, pg_catalog.min(b.id) AS first_id" \
+"    FROM outbox.events AS b" \
+"   WHERE b.published_at IS NULL AND b.attempts > 0" extra \
+"   GROUP BY b.aggregate_type, b.aggregate_id) "
+#define CLAIM_SELECT \
+"SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
+"       e.topic, e.payload, e.headers, e.created_at, e.attempts" \
+"  FROM outbox.events AS e" \
+" WHERE e.published_at IS NULL" \
 "   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= pg_catalog.now())"
-"   AND NOT EXISTS (SELECT 1 FROM outbox.events AS b"
-"                    WHERE b.published_at IS NULL AND b.attempts > 0"
-"                      AND b.aggregate_type = e.aggregate_type"
-"                      AND b.aggregate_id = e.aggregate_id"
-"                      AND b.id < e.id)"
-" ORDER BY e.id"
-" LIMIT $1"
-" FOR UPDATE OF e SKIP LOCKED";
+#define CLAIM_NOT_BEHIND \
+"   AND NOT EXISTS (SELECT 1 FROM blocked" \
+"                    WHERE blocked.aggregate_type = e.aggregate_type" \
+"                      AND blocked.aggregate_id = e.aggregate_id" \
+"                      AND blocked.first_id < e.id)"
+#define CLAIM_ORDER \
+" ORDER BY e.id" \
+" LIMIT $1" \
+" FOR UPDATE OF e SKIP LOCKED"
+
+typedef enum ClaimVariant
+{
+	CLAIM_V10,					/* schema 1.0: no dead letters */
+	CLAIM_HOLD,					/* failed events hold their aggregate */
+	CLAIM_SKIP,					/* failed events are passed by */
+	NUM_CLAIM_VARIANTS
+} ClaimVariant;
+
+static const char *const claim_sql[NUM_CLAIM_VARIANTS] = {
+	CLAIM_BLOCKED("") CLAIM_SELECT CLAIM_NOT_BEHIND CLAIM_ORDER,
+	CLAIM_BLOCKED("") CLAIM_SELECT " AND e.failed_at IS NULL"
+	CLAIM_NOT_BEHIND CLAIM_ORDER,
+	CLAIM_BLOCKED(" AND b.failed_at IS NULL") CLAIM_SELECT
+	" AND e.failed_at IS NULL" CLAIM_NOT_BEHIND CLAIM_ORDER
+};
 
 static const char *const mark_published_sql =
 "UPDATE outbox.events SET published_at = $2 WHERE id = ANY($1)";
@@ -79,18 +106,48 @@ static const char *const mark_published_sql =
 static const char *const delete_published_sql =
 "DELETE FROM outbox.events WHERE id = ANY($1)";
 
-static const char *const mark_failed_sql =
+/*
+ * Record failed attempts.  From 1.1 on, permanent failures are counted
+ * separately and the one that reaches outbox.max_attempts marks the event
+ * failed; RETURNING tells which rows that happened to.
+ */
+static const char *const mark_failed_sql_v10 =
 "UPDATE outbox.events AS e"
 "   SET attempts = e.attempts + 1, last_error = f.error, next_attempt_at = f.next_attempt_at"
-"  FROM pg_catalog.unnest($1::pg_catalog.int8[], $2::pg_catalog.text[],"
-"                         $3::pg_catalog.timestamptz[]) AS f(id, error, next_attempt_at)"
-" WHERE e.id = f.id";
+"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]),"
+"                  pg_catalog.unnest($2::pg_catalog.text[]),"
+"                  pg_catalog.unnest($3::pg_catalog.timestamptz[]),"
+"                  pg_catalog.unnest($4::pg_catalog.bool[]))"
+"       AS f(id, error, next_attempt_at, permanent)"
+" WHERE e.id = f.id"
+" RETURNING false";
 
+static const char *const mark_failed_sql =
+"UPDATE outbox.events AS e"
+"   SET attempts = e.attempts + 1, last_error = f.error, next_attempt_at = f.next_attempt_at,"
+"       permanent_failures = e.permanent_failures + f.permanent::pg_catalog.int4,"
+"       failed_at = CASE WHEN f.permanent AND e.permanent_failures + 1 >= $5 THEN $6 END"
+"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]),"
+"                  pg_catalog.unnest($2::pg_catalog.text[]),"
+"                  pg_catalog.unnest($3::pg_catalog.timestamptz[]),"
+"                  pg_catalog.unnest($4::pg_catalog.bool[]))"
+"       AS f(id, error, next_attempt_at, permanent)"
+" WHERE e.id = f.id"
+" RETURNING e.failed_at IS NOT NULL";
+
+/*
+ * Retention: look at the CLEANUP_CHUNK oldest published rows (in id order,
+ * passing over pending ones) and delete those published before $1.  The
+ * array subquery runs once, so the DELETE is a primary-key lookup whatever
+ * the planner thinks of the table's size.
+ */
 static const char *const cleanup_sql =
-"DELETE FROM outbox.events WHERE id IN ("
-"  SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
-"                     ORDER BY id LIMIT $2) AS h"
-"   WHERE h.published_at < $1)";
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
+"                      WHERE published_at IS NOT NULL"
+"                      ORDER BY id LIMIT $2) AS h"
+"    WHERE h.published_at < $1))";
 
 /* column numbers of claim_sql */
 enum
@@ -121,15 +178,17 @@ typedef struct BatchEntry
 } BatchEntry;
 
 /* saved plans, prepared on first use in this worker */
-static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr claim_plans[NUM_CLAIM_VARIANTS];
 static SPIPlanPtr mark_published_plan = NULL;
 static SPIPlanPtr delete_published_plan = NULL;
+static SPIPlanPtr mark_failed_plan_v10 = NULL;
 static SPIPlanPtr mark_failed_plan = NULL;
 static SPIPlanPtr cleanup_plan = NULL;
 
 static SPIPlanPtr prepare_plan(SPIPlanPtr *cache, const char *sql,
 							   int nargs, Oid *argtypes);
-static bool lock_events_table(void);
+static Oid	lock_events_table(void);
+static ClaimVariant claim_variant(Oid relid);
 /* the batch being produced */
 typedef struct Batch
 {
@@ -143,7 +202,7 @@ static void produce_row(OutboxProducer *producer, Batch *batch,
 						HeapTuple tuple, TupleDesc tupdesc);
 static bool wait_for_deliveries(OutboxProducer *producer);
 static void mark_results(OutboxProducer *producer, BatchEntry *entries,
-						 int n, OutboxBatchResult *result);
+						 int n, bool dead_letters, OutboxBatchResult *result);
 static int64 timestamptz_to_unix_ms(TimestampTz ts);
 
 /*
@@ -167,6 +226,8 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	Batch		batch;
 	MemoryContext rowcxt;
 	MemoryContext callercxt = CurrentMemoryContext;
+	Oid			relid;
+	ClaimVariant variant;
 
 	memset(result, 0, sizeof(*result));
 	result->cxt = callercxt;
@@ -178,7 +239,8 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: claiming events");
 
-	if (!lock_events_table())
+	relid = lock_events_table();
+	if (!OidIsValid(relid))
 	{
 		result->table_missing = true;
 		SPI_finish();
@@ -197,9 +259,11 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
 								   ALLOCSET_DEFAULT_SIZES);
 
+	variant = claim_variant(relid);
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
 	portal = SPI_cursor_open(NULL,
-							 prepare_plan(&claim_plan, claim_sql, 1, claim_types),
+							 prepare_plan(&claim_plans[variant], claim_sql[variant],
+										  1, claim_types),
 							 claim_values, NULL, false);
 
 	/*
@@ -239,7 +303,8 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 			outbox_producer_abort_batch(producer);
 			result->aborted = true;
 		}
-		mark_results(producer, batch.entries, batch.n, result);
+		mark_results(producer, batch.entries, batch.n, variant != CLAIM_V10,
+					 result);
 	}
 	result->fatal = producer->fatal;
 
@@ -253,16 +318,30 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 
 /*
  * Lock outbox.events against a concurrent DROP for the rest of the
- * transaction.  False if it does not exist; RangeVarGetRelidExtended
- * re-checks after locking, so a table dropped meanwhile is not "found".
+ * transaction and return its OID, or InvalidOid if it does not exist.
+ * RangeVarGetRelidExtended re-checks after locking, so a table dropped
+ * meanwhile is not "found".
  */
-static bool
+static Oid
 lock_events_table(void)
 {
 	RangeVar   *rv = makeRangeVar(OUTBOX_SCHEMA, OUTBOX_EVENTS_TABLE, -1);
 
-	return OidIsValid(RangeVarGetRelidExtended(rv, RowExclusiveLock,
-											   RVR_MISSING_OK, NULL, NULL));
+	return RangeVarGetRelidExtended(rv, RowExclusiveLock, RVR_MISSING_OK,
+									NULL, NULL);
+}
+
+/*
+ * Which claim fits the installed schema and settings.  The schema is
+ * detected by its columns, so a new library keeps relaying with the old
+ * schema until ALTER EXTENSION outbox UPDATE.
+ */
+static ClaimVariant
+claim_variant(Oid relid)
+{
+	if (get_attnum(relid, "failed_at") == InvalidAttrNumber)
+		return CLAIM_V10;
+	return outbox_on_failed_event == OUTBOX_ON_FAILED_SKIP ? CLAIM_SKIP : CLAIM_HOLD;
 }
 
 static SPIPlanPtr
@@ -543,12 +622,13 @@ delivery_error_text(rd_kafka_resp_err_t err)
  */
 static void
 mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
-			 OutboxBatchResult *result)
+			 bool dead_letters, OutboxBatchResult *result)
 {
 	Datum	   *published_ids = palloc(sizeof(Datum) * n);
 	Datum	   *failed_ids = palloc(sizeof(Datum) * n);
 	Datum	   *failed_errors = palloc(sizeof(Datum) * n);
 	Datum	   *failed_next = palloc(sizeof(Datum) * n);
+	Datum	   *failed_permanent = palloc(sizeof(Datum) * n);
 	int			npublished = 0;
 	int			nfailed = 0;
 	TimestampTz now = GetCurrentTimestamp();
@@ -584,7 +664,8 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		else
 			continue;			/* no report: aborted, try again later */
 
-		if (outbox_kafka_error_is_permanent(err))
+		failed_permanent[nfailed] = BoolGetDatum(outbox_kafka_error_is_permanent(err));
+		if (DatumGetBool(failed_permanent[nfailed]))
 			result->failed_permanent++;
 		else
 			result->failed_transient++;
@@ -643,8 +724,10 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 
 	if (nfailed > 0)
 	{
-		Oid			types[3] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
-		Datum		args[3];
+		Oid			types[6] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID,
+		BOOLARRAYOID, INT4OID, TIMESTAMPTZOID};
+		Datum		args[6];
+		SPIPlanPtr	plan;
 		int			ret;
 
 		args[0] = PointerGetDatum(construct_array(failed_ids, nfailed, INT8OID,
@@ -655,11 +738,26 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		args[2] = PointerGetDatum(construct_array(failed_next, nfailed, TIMESTAMPTZOID,
 												  sizeof(TimestampTz), FLOAT8PASSBYVAL,
 												  TYPALIGN_DOUBLE));
-		ret = SPI_execute_plan(prepare_plan(&mark_failed_plan, mark_failed_sql, 3, types),
-							   args, NULL, false, 0);
-		if (ret < 0)
+		args[3] = PointerGetDatum(construct_array(failed_permanent, nfailed, BOOLOID,
+												  sizeof(bool), true, TYPALIGN_CHAR));
+		args[4] = Int32GetDatum(outbox_max_attempts);
+		args[5] = TimestampTzGetDatum(now);
+		if (dead_letters)
+			plan = prepare_plan(&mark_failed_plan, mark_failed_sql, 6, types);
+		else
+			plan = prepare_plan(&mark_failed_plan_v10, mark_failed_sql_v10, 4, types);
+		ret = SPI_execute_plan(plan, args, NULL, false, 0);
+		if (ret != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "could not record failed deliveries: %s",
 				 SPI_result_code_string(ret));
+		for (uint64 k = 0; k < SPI_processed; k++)
+		{
+			bool		isnull;
+
+			if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[k],
+										   SPI_tuptable->tupdesc, 1, &isnull)))
+				result->dead_lettered++;
+		}
 	}
 }
 
@@ -689,7 +787,7 @@ outbox_relay_cleanup(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: deleting published events");
 
-	if (lock_events_table())
+	if (OidIsValid(lock_events_table()))
 	{
 		Oid			types[2] = {TIMESTAMPTZOID, INT4OID};
 		Datum		args[2];

@@ -96,6 +96,7 @@ outbox_shared_register_worker(void)
 	outbox_shared->state = OUTBOX_STATE_STARTING;
 	outbox_shared->published = 0;
 	outbox_shared->failed = 0;
+	outbox_shared->delivery_errors = 0;
 	outbox_shared->last_publish_at = 0;
 	outbox_shared->last_error_at = 0;
 	outbox_shared->last_error[0] = '\0';
@@ -151,10 +152,11 @@ outbox_shared_set_error(const char *error)
 
 /*
  * outbox_shared_count
- *		Add a batch's acknowledged and failed events to the counters.
+ *		Add a batch's acknowledged events, events marked failed and failed
+ *		delivery attempts to the counters.
  */
 void
-outbox_shared_count(int64 published, int64 failed)
+outbox_shared_count(int64 published, int64 failed, int64 delivery_errors)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
@@ -163,6 +165,7 @@ outbox_shared_count(int64 published, int64 failed)
 	SpinLockAcquire(&outbox_shared->mutex);
 	outbox_shared->published += published;
 	outbox_shared->failed += failed;
+	outbox_shared->delivery_errors += delivery_errors;
 	if (published > 0)
 		outbox_shared->last_publish_at = now;
 	SpinLockRelease(&outbox_shared->mutex);

@@ -15,25 +15,29 @@
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 
-#define WORKER_STATUS_COLS	9
-
 /*
  * outbox_worker_status
  *		SQL: outbox.worker_status() RETURNS SETOF record (database, pid,
- *		state, published, failed, last_publish_at, last_error,
- *		last_error_at, started_at).
+ *		state, published, failed, delivery_errors, last_publish_at,
+ *		last_error, last_error_at, started_at).
  *
  * One row while a relay worker runs, none otherwise (and none when the
  * library is not preloaded).  Copies the struct under its spinlock and
  * builds the row afterwards, so the worker is never kept waiting.
+ *
+ * Columns are filled by name from the declared result, so the same C
+ * function serves every version of the SQL definition (1.0 had no
+ * delivery_errors): an upgraded library works before ALTER EXTENSION UPDATE.
  */
 Datum
 outbox_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TupleDesc	tupdesc;
 	OutboxShared snapshot;
-	Datum		values[WORKER_STATUS_COLS];
-	bool		nulls[WORKER_STATUS_COLS];
+	Datum	   *values;
+	bool	   *nulls;
+	int			i;
 
 	InitMaterializedSRF(fcinfo, 0);
 
@@ -47,21 +51,47 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	if (snapshot.worker_pid == 0)
 		return (Datum) 0;
 
-	memset(nulls, 0, sizeof(nulls));
-	values[0] = CStringGetDatum(snapshot.database_name);
-	values[0] = DirectFunctionCall1(namein, values[0]);
-	values[1] = Int32GetDatum(snapshot.worker_pid);
-	values[2] = CStringGetTextDatum(outbox_state_name(snapshot.state));
-	values[3] = Int64GetDatum(snapshot.published);
-	values[4] = Int64GetDatum(snapshot.failed);
-	values[5] = TimestampTzGetDatum(snapshot.last_publish_at);
-	nulls[5] = snapshot.last_publish_at == 0;
-	values[6] = CStringGetTextDatum(snapshot.last_error);
-	nulls[6] = snapshot.last_error[0] == '\0';
-	values[7] = TimestampTzGetDatum(snapshot.last_error_at);
-	nulls[7] = snapshot.last_error_at == 0;
-	values[8] = TimestampTzGetDatum(snapshot.started_at);
+	tupdesc = rsinfo->setDesc;
+	values = palloc0(sizeof(Datum) * tupdesc->natts);
+	nulls = palloc0(sizeof(bool) * tupdesc->natts);
+	for (i = 0; i < tupdesc->natts; i++)
+	{
+		const char *name = NameStr(TupleDescAttr(tupdesc, i)->attname);
 
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		if (strcmp(name, "database") == 0)
+			values[i] = DirectFunctionCall1(namein,
+											CStringGetDatum(snapshot.database_name));
+		else if (strcmp(name, "pid") == 0)
+			values[i] = Int32GetDatum(snapshot.worker_pid);
+		else if (strcmp(name, "state") == 0)
+			values[i] = CStringGetTextDatum(outbox_state_name(snapshot.state));
+		else if (strcmp(name, "published") == 0)
+			values[i] = Int64GetDatum(snapshot.published);
+		else if (strcmp(name, "failed") == 0)
+			values[i] = Int64GetDatum(snapshot.failed);
+		else if (strcmp(name, "delivery_errors") == 0)
+			values[i] = Int64GetDatum(snapshot.delivery_errors);
+		else if (strcmp(name, "last_publish_at") == 0)
+		{
+			values[i] = TimestampTzGetDatum(snapshot.last_publish_at);
+			nulls[i] = snapshot.last_publish_at == 0;
+		}
+		else if (strcmp(name, "last_error") == 0)
+		{
+			values[i] = CStringGetTextDatum(snapshot.last_error);
+			nulls[i] = snapshot.last_error[0] == '\0';
+		}
+		else if (strcmp(name, "last_error_at") == 0)
+		{
+			values[i] = TimestampTzGetDatum(snapshot.last_error_at);
+			nulls[i] = snapshot.last_error_at == 0;
+		}
+		else if (strcmp(name, "started_at") == 0)
+			values[i] = TimestampTzGetDatum(snapshot.started_at);
+		else
+			nulls[i] = true;	/* a column this library does not know */
+	}
+
+	tuplestore_putvalues(rsinfo->setResult, tupdesc, values, nulls);
 	return (Datum) 0;
 }

@@ -54,6 +54,9 @@ static OutboxRelayState state = OUTBOX_STATE_STARTING;
 static char *last_config_error = NULL;
 static MemoryContext worker_context = NULL;
 
+/* backoff after errors; static so that it survives the longjmp */
+static int	error_backoff_ms = 0;
+
 static void connect_to_database(void);
 static void wait_for_database(void) pg_attribute_noreturn();
 static void relay_loop(void) pg_attribute_noreturn();
@@ -61,7 +64,7 @@ static long relay_step(void);
 static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
-static void recover_from_error(int *backoff_ms);
+static void recover_from_error(void);
 
 /*
  * outbox_register_worker
@@ -111,6 +114,16 @@ outbox_worker_main(Datum main_arg)
 	 */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET,
 					PGC_S_OVERRIDE);
+
+	/*
+	 * Every query of the relay reads a few rows in index order (oldest
+	 * pending, oldest published, by primary key).  Its plans must not flip
+	 * to a full scan and sort when the statistics are stale, e.g. when the
+	 * outbox was analyzed empty and then filled with a backlog: that would
+	 * make each batch cost as much as the whole table.
+	 */
+	SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("enable_sort", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	outbox_shared_register_worker();
 	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
@@ -217,10 +230,9 @@ static void
 relay_loop(void)
 {
 	sigjmp_buf	local_sigjmp_buf;
-	int			error_backoff_ms = 0;
 
 	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
-		recover_from_error(&error_backoff_ms);
+		recover_from_error();
 	PG_exception_stack = &local_sigjmp_buf;
 
 	for (;;)
@@ -260,7 +272,7 @@ relay_loop(void)
  * tight loop.
  */
 static void
-recover_from_error(int *backoff_ms)
+recover_from_error(void)
 {
 	ErrorData  *edata;
 
@@ -283,10 +295,10 @@ recover_from_error(int *backoff_ms)
 
 	RESUME_INTERRUPTS();
 
-	*backoff_ms = *backoff_ms == 0 ? ERROR_BACKOFF_MIN_MS :
-		Min(*backoff_ms * 2, ERROR_BACKOFF_MAX_MS);
+	error_backoff_ms = error_backoff_ms == 0 ? ERROR_BACKOFF_MIN_MS :
+		Min(error_backoff_ms * 2, ERROR_BACKOFF_MAX_MS);
 	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					 *backoff_ms, PG_WAIT_EXTENSION);
+					 error_backoff_ms, PG_WAIT_EXTENSION);
 	ResetLatch(MyLatch);
 }
 
@@ -331,10 +343,18 @@ relay_step(void)
 		return outbox_poll_interval;
 	}
 
-	outbox_shared_count(result.published,
+	outbox_shared_count(result.published, result.dead_lettered,
 						result.failed_permanent + result.failed_transient);
 	if (result.first_error != NULL)
 		outbox_shared_set_error(result.first_error);
+	if (result.dead_lettered > 0)
+		ereport(WARNING,
+				(errmsg("outbox relay marked %d event(s) failed: Kafka refused them %d time(s)",
+						result.dead_lettered, outbox_max_attempts),
+				 errdetail("First error of this batch: %s", result.first_error),
+				 errhint("Failed events keep their rows (failed_at is set); SELECT outbox.retry_failed() requeues them.%s",
+						 outbox_on_failed_event == OUTBOX_ON_FAILED_HOLD ?
+						 " Later events of their aggregates wait behind them (outbox.on_failed_event = hold)." : "")));
 	if (result.overtaken > 0)
 		ereport(WARNING,
 				(errmsg("outbox relay: %d event(s) were acknowledged after an earlier event of the same aggregate failed",

@@ -1,11 +1,11 @@
--- pgTAP: the SQL objects created by CREATE EXTENSION outbox (sql/outbox--1.0.sql).
+-- pgTAP: the SQL objects created by CREATE EXTENSION outbox (the current version, sql/outbox--1.1.sql).
 -- Run with: pg_prove -h 127.0.0.1 -p PORT -U postgres -d outbox test/pgtap/*.sql
 -- Everything happens in one transaction that is rolled back.
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(100);
+SELECT plan(114);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -28,7 +28,8 @@ SELECT is((SELECT relpersistence FROM pg_class WHERE oid = 'outbox.events'::regc
           'outbox.events is a permanent (WAL-logged) table');
 SELECT columns_are('outbox', 'events', ARRAY[
     'id', 'event_id', 'aggregate_type', 'aggregate_id', 'event_type', 'topic', 'payload',
-    'headers', 'created_at', 'published_at', 'attempts', 'last_error', 'next_attempt_at'],
+    'headers', 'created_at', 'published_at', 'attempts', 'last_error', 'next_attempt_at',
+    'permanent_failures', 'failed_at'],
     'outbox.events has exactly the expected columns');
 
 -- column types
@@ -45,6 +46,8 @@ SELECT col_type_is('outbox', 'events', 'published_at',    'timestamp with time z
 SELECT col_type_is('outbox', 'events', 'attempts',        'integer',                  'events.attempts is integer');
 SELECT col_type_is('outbox', 'events', 'last_error',      'text',                     'events.last_error is text');
 SELECT col_type_is('outbox', 'events', 'next_attempt_at', 'timestamp with time zone', 'events.next_attempt_at is timestamptz');
+SELECT col_type_is('outbox', 'events', 'permanent_failures', 'integer',               'events.permanent_failures is integer');
+SELECT col_type_is('outbox', 'events', 'failed_at',       'timestamp with time zone', 'events.failed_at is timestamptz');
 
 -- NOT NULL-ness
 SELECT col_not_null('outbox', 'events', 'id',              'events.id is NOT NULL');
@@ -60,6 +63,8 @@ SELECT col_is_null ('outbox', 'events', 'published_at',    'events.published_at 
 SELECT col_not_null('outbox', 'events', 'attempts',        'events.attempts is NOT NULL');
 SELECT col_is_null ('outbox', 'events', 'last_error',      'events.last_error is nullable');
 SELECT col_is_null ('outbox', 'events', 'next_attempt_at', 'events.next_attempt_at is nullable');
+SELECT col_not_null('outbox', 'events', 'permanent_failures', 'events.permanent_failures is NOT NULL');
+SELECT col_is_null ('outbox', 'events', 'failed_at',       'events.failed_at is nullable');
 
 -- defaults and identity
 SELECT is((SELECT attidentity FROM pg_attribute
@@ -77,6 +82,8 @@ SELECT col_hasnt_default('outbox', 'events', 'aggregate_id',   'events.aggregate
 SELECT col_hasnt_default('outbox', 'events', 'event_type',     'events.event_type has no default');
 SELECT col_hasnt_default('outbox', 'events', 'published_at',   'events.published_at has no default (new events are pending)');
 SELECT col_hasnt_default('outbox', 'events', 'next_attempt_at', 'events.next_attempt_at has no default');
+SELECT col_default_is ('outbox', 'events', 'permanent_failures', 0, 'events.permanent_failures defaults to 0');
+SELECT col_hasnt_default('outbox', 'events', 'failed_at', 'events.failed_at has no default');
 
 -- keys
 SELECT has_pk('outbox', 'events', 'outbox.events has a primary key');
@@ -133,25 +140,44 @@ SELECT has_function('outbox', 'worker_status', ARRAY[]::text[], 'function outbox
 SELECT function_returns('outbox', 'worker_status', ARRAY[]::text[], 'setof record',
                         'outbox.worker_status returns setof record');
 SELECT is(pg_get_function_arguments('outbox.worker_status()'::regprocedure),
-          'OUT database name, OUT pid integer, OUT state text, OUT published bigint, OUT failed bigint, OUT last_publish_at timestamp with time zone, OUT last_error text, OUT last_error_at timestamp with time zone, OUT started_at timestamp with time zone',
+          'OUT database name, OUT pid integer, OUT state text, OUT published bigint, OUT failed bigint, OUT delivery_errors bigint, OUT last_publish_at timestamp with time zone, OUT last_error text, OUT last_error_at timestamp with time zone, OUT started_at timestamp with time zone',
           'outbox.worker_status OUT columns');
 SELECT function_lang_is('outbox', 'worker_status', ARRAY[]::text[], 'c', 'outbox.worker_status is written in C');
 SELECT volatility_is('outbox', 'worker_status', ARRAY[]::text[], 'volatile', 'outbox.worker_status is VOLATILE');
-SELECT functions_are('outbox', ARRAY['emit', 'worker_status'], 'schema outbox has exactly the functions emit and worker_status');
+SELECT functions_are('outbox', ARRAY['emit', 'worker_status', 'retry_failed'],
+                     'schema outbox has exactly the functions emit, worker_status and retry_failed');
+
+-- functions outbox.retry_failed() and outbox.retry_failed(uuid)
+SELECT function_returns('outbox', 'retry_failed', ARRAY[]::text[], 'bigint',
+                        'outbox.retry_failed() returns bigint (events requeued)');
+SELECT function_returns('outbox', 'retry_failed', ARRAY['uuid'], 'boolean',
+                        'outbox.retry_failed(uuid) returns boolean');
+SELECT is(pg_get_function_arguments('outbox.retry_failed(uuid)'::regprocedure), 'event_id uuid',
+          'outbox.retry_failed takes event_id uuid');
+SELECT is_strict('outbox', 'retry_failed', ARRAY['uuid'], 'outbox.retry_failed(uuid) is STRICT');
+SELECT ok(coalesce(btrim(obj_description('outbox.retry_failed()'::regprocedure, 'pg_proc')), '') <> ''
+          AND coalesce(btrim(obj_description('outbox.retry_failed(uuid)'::regprocedure, 'pg_proc')), '') <> '',
+          'both outbox.retry_failed functions have a comment');
+
+-- pg_dump keeps the events and the id sequence (pg_extension_config_dump)
+SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
+             FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
+          ARRAY['outbox.events', 'outbox.events_id_seq'],
+          'outbox.events and its id sequence are configuration tables (dumped by pg_dump)');
 
 -- view outbox.status
 SELECT has_view('outbox', 'status', 'view outbox.status exists');
 SELECT views_are('outbox', ARRAY['status'], 'schema outbox has exactly the view status');
 SELECT tables_are('outbox', ARRAY['events'], 'schema outbox has exactly the table events');
 SELECT columns_are('outbox', 'status', ARRAY[
-    'database', 'pid', 'state', 'pending', 'oldest_pending_age', 'published', 'failed',
-    'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
+    'database', 'pid', 'state', 'pending', 'failed_events', 'oldest_pending_age', 'published',
+    'failed', 'delivery_errors', 'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
     'outbox.status has exactly the expected columns');
 SELECT is(ARRAY(SELECT attname::text FROM pg_attribute
                  WHERE attrelid = 'outbox.status'::regclass AND attnum > 0 AND NOT attisdropped
                  ORDER BY attnum),
-          ARRAY['database', 'pid', 'state', 'pending', 'oldest_pending_age', 'published', 'failed',
-                'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
+          ARRAY['database', 'pid', 'state', 'pending', 'failed_events', 'oldest_pending_age', 'published',
+                'failed', 'delivery_errors', 'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
           'outbox.status columns are in the documented order');
 SELECT col_type_is('outbox', 'status', 'database',           'name',                     'status.database is name');
 SELECT col_type_is('outbox', 'status', 'pid',                'integer',                  'status.pid is integer');
@@ -160,6 +186,8 @@ SELECT col_type_is('outbox', 'status', 'pending',            'bigint',          
 SELECT col_type_is('outbox', 'status', 'oldest_pending_age', 'interval',                 'status.oldest_pending_age is interval');
 SELECT col_type_is('outbox', 'status', 'published',          'bigint',                   'status.published is bigint');
 SELECT col_type_is('outbox', 'status', 'failed',             'bigint',                   'status.failed is bigint');
+SELECT col_type_is('outbox', 'status', 'failed_events',      'bigint',                   'status.failed_events is bigint');
+SELECT col_type_is('outbox', 'status', 'delivery_errors',    'bigint',                   'status.delivery_errors is bigint');
 SELECT col_type_is('outbox', 'status', 'last_publish_at',    'timestamp with time zone', 'status.last_publish_at is timestamptz');
 SELECT col_type_is('outbox', 'status', 'last_error',         'text',                     'status.last_error is text');
 SELECT col_type_is('outbox', 'status', 'last_error_at',      'timestamp with time zone', 'status.last_error_at is timestamptz');
@@ -171,7 +199,7 @@ SELECT ok(coalesce(btrim(obj_description('outbox.events'::regclass, 'pg_class'))
           'table outbox.events has a comment');
 SELECT is((SELECT count(*)::int FROM pg_attribute
             WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped),
-          13, 'outbox.events has 13 columns to check for comments');
+          15, 'outbox.events has 15 columns to check for comments');
 SELECT is_empty($$
     SELECT attname FROM pg_attribute
      WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped

@@ -1,0 +1,587 @@
+"""
+Integration tests of the outbox extension against a real PostgreSQL server and
+a real Kafka broker (test/env/pg.sh and test/env/kafka.sh).
+
+Run with Debian's interpreter (it has psycopg2, confluent_kafka and pytest):
+
+    /usr/bin/python3 -m pytest -v test/integration        (-s to see the metrics)
+
+The servers are expected to be running already (the top-level runner starts
+them); if one is not, the session starts it through its script.  The session
+runs CREATE EXTENSION IF NOT EXISTS outbox.  Tests may stop/start/restart the
+servers, but only through the scripts, and every test leaves both running.
+
+Environment (same defaults as the scripts):
+    OUTBOX_PG_DIR        /tmp/outbox-pg        OUTBOX_KAFKA_DIR              /tmp/outbox-kafka
+    OUTBOX_PG_PORT       54329                 OUTBOX_KAFKA_PORT             19092
+    OUTBOX_PG_DATABASE   outbox                OUTBOX_KAFKA_CONTROLLER_PORT  19093
+    OUTBOX_KAFKA         127.0.0.1:$OUTBOX_KAFKA_PORT (what the relay is configured with)
+    PGHOST/PGPORT/PGUSER/PGDATABASE  default 127.0.0.1 / $OUTBOX_PG_PORT / postgres / $OUTBOX_PG_DATABASE
+"""
+import collections
+import json
+import math
+import os
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import psycopg2
+import pytest
+from confluent_kafka import Consumer, KafkaError, TIMESTAMP_CREATE_TIME
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parents[2]
+KAFKA_SH = REPO / "test" / "env" / "kafka.sh"
+PG_SH = REPO / "test" / "env" / "pg.sh"
+OUT_DIR = REPO / "test" / "out"
+
+PARTITIONS = 4
+RELAY_READY_STATES = ("idle", "publishing")
+
+# --------------------------------------------------------------------------- reporting
+
+SUMMARY: List[str] = []             # metric lines, shown at the end and written to test/out
+
+
+def report(line: str):
+    """Print a metrics line (visible with -s) and keep it for the terminal summary and file."""
+    print("\n" + line)
+    SUMMARY.append(line)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARY:
+        terminalreporter.section("outbox integration metrics")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session):
+    if SUMMARY:
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        (OUT_DIR / "integration-metrics.txt").write_text("\n".join(SUMMARY) + "\n")
+
+
+# --------------------------------------------------------------------------- environment
+
+@dataclass
+class Env:
+    pg_dir: str
+    pg_port: int
+    pg_database: str
+    pg_host: str
+    pg_user: str
+    kafka_dir: str
+    kafka_port: int
+    kafka_controller_port: int
+    bootstrap: str
+
+    @property
+    def server_log(self) -> Path:
+        return Path(self.pg_dir) / "server.log"
+
+    def script_env(self) -> Dict[str, str]:
+        e = dict(os.environ)
+        e.update(OUTBOX_PG_DIR=self.pg_dir, OUTBOX_PG_PORT=str(self.pg_port),
+                 OUTBOX_PG_DATABASE=self.pg_database, OUTBOX_KAFKA_DIR=self.kafka_dir,
+                 OUTBOX_KAFKA_PORT=str(self.kafka_port),
+                 OUTBOX_KAFKA_CONTROLLER_PORT=str(self.kafka_controller_port),
+                 OUTBOX_KAFKA=self.bootstrap)
+        return e
+
+
+def load_env() -> Env:
+    g = os.environ.get
+    pg_port = int(g("OUTBOX_PG_PORT", "54329"))
+    pg_db = g("OUTBOX_PG_DATABASE", "outbox")
+    kafka_port = int(g("OUTBOX_KAFKA_PORT", "19092"))
+    env = Env(
+        pg_dir=g("OUTBOX_PG_DIR", "/tmp/outbox-pg"),
+        pg_port=pg_port,
+        pg_database=pg_db,
+        pg_host=g("PGHOST", "127.0.0.1"),
+        pg_user=g("PGUSER", "postgres"),
+        kafka_dir=g("OUTBOX_KAFKA_DIR", "/tmp/outbox-kafka"),
+        kafka_port=kafka_port,
+        kafka_controller_port=int(g("OUTBOX_KAFKA_CONTROLLER_PORT", "19093")),
+        bootstrap=g("OUTBOX_KAFKA") or f"127.0.0.1:{kafka_port}",
+    )
+    # PGPORT/PGDATABASE must name the cluster the scripts manage and the relay serves
+    if g("PGPORT") and int(g("PGPORT")) != pg_port:
+        raise pytest.UsageError(f"PGPORT={g('PGPORT')} differs from OUTBOX_PG_PORT={pg_port}")
+    if g("PGDATABASE") and g("PGDATABASE") != pg_db:
+        raise pytest.UsageError(f"PGDATABASE={g('PGDATABASE')} differs from OUTBOX_PG_DATABASE={pg_db}"
+                                " (the relay only serves outbox.database)")
+    return env
+
+
+def run_script(env: Env, script: Path, *args: str, timeout: float = 120,
+               check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(["bash", str(script), *args], env=env.script_env(), capture_output=True,
+                       text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{script.name} {' '.join(args)} failed ({p.returncode}):\n"
+                             f"{p.stdout}\n{p.stderr}")
+    return p
+
+
+def kafka_sh(env: Env, *args: str, **kw) -> subprocess.CompletedProcess:
+    return run_script(env, KAFKA_SH, *args, **kw)
+
+
+def pg_sh(env: Env, *args: str, **kw) -> subprocess.CompletedProcess:
+    return run_script(env, PG_SH, *args, **kw)
+
+
+def wait_until(pred: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
+    """Call pred until it returns something truthy; return that, or fail after timeout."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while True:
+        try:
+            v = pred()
+            if v:
+                return v
+        except (psycopg2.Error, OSError) as e:  # server restarting: keep trying
+            last_exc = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 + (f" (last error: {last_exc})" if last_exc else ""))
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+def pg_connect(env: Env, autocommit: bool = True):
+    conn = psycopg2.connect(host=env.pg_host, port=env.pg_port, user=env.pg_user,
+                            dbname=env.pg_database, connect_timeout=10,
+                            application_name="outbox-integration")
+    conn.autocommit = autocommit
+    return conn
+
+
+def query(conn, sql: str, args=None) -> List[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else []
+
+
+def query_one(conn, sql: str, args=None):
+    rows = query(conn, sql, args)
+    assert len(rows) == 1, f"expected one row from {sql!r}, got {rows!r}"
+    return rows[0]
+
+
+EMIT_SQL = "SELECT outbox.emit(%s, %s, %s, %s::jsonb, %s::jsonb, %s)"
+
+
+def emit(cur, aggregate_type: str, aggregate_id: str, event_type: str,
+         payload: Optional[dict], headers: Optional[dict] = None,
+         topic: Optional[str] = None) -> str:
+    """Call outbox.emit in the cursor's current transaction; return the event_id (str)."""
+    cur.execute(EMIT_SQL, (aggregate_type, aggregate_id, event_type,
+                           None if payload is None else json.dumps(payload),
+                           None if headers is None else json.dumps(headers), topic))
+    (event_id,) = cur.fetchone()
+    assert event_id is not None
+    return str(event_id)
+
+
+def relay_status(conn) -> List[dict]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT * FROM outbox.status")
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def wait_relay_ready(env: Env, timeout: float = 60) -> dict:
+    """Wait until exactly one relay worker serves our database and is idle or publishing."""
+    last = []
+
+    def ready():
+        conn = pg_connect(env)
+        try:
+            rows = relay_status(conn)
+        finally:
+            conn.close()
+        last[:] = rows
+        if len(rows) == 1 and rows[0]["database"] == env.pg_database \
+                and rows[0]["state"] in RELAY_READY_STATES:
+            return rows[0]
+        return None
+    try:
+        return wait_until(ready, timeout, "the outbox relay to be idle/publishing")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last outbox.status: {last}") from None
+
+
+def delivery_errors(status_row: dict) -> int:
+    """Failed delivery attempts counted by outbox.status: column delivery_errors from schema 1.1
+    on (where failed counts dead-lettered events), failed in 1.0."""
+    return status_row["delivery_errors"] if "delivery_errors" in status_row else status_row["failed"]
+
+
+def topic_prefix(conn) -> str:
+    return query_one(conn, "SHOW outbox.topic_prefix")[0]
+
+
+class LogWatcher:
+    """Lines appended to the server log since construction."""
+
+    def __init__(self, env: Env):
+        self.path = env.server_log
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def new_lines(self) -> List[str]:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read().decode("utf-8", "replace").splitlines()
+
+
+# --------------------------------------------------------------------------- Kafka
+
+def admin(env: Env) -> AdminClient:
+    return AdminClient({"bootstrap.servers": env.bootstrap})
+
+
+def create_topics(env: Env, names: List[str], partitions: int = PARTITIONS, timeout: float = 30):
+    """Create topics (idempotent) and wait until every partition has a leader."""
+    a = admin(env)
+    futures = a.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1)
+                               for n in names], operation_timeout=timeout)
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout)
+        except Exception as e:  # noqa: BLE001
+            err = e.args[0] if e.args else None
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise
+
+    def all_led():
+        md = a.list_topics(timeout=5)
+        for n in names:
+            t = md.topics.get(n)
+            if t is None or t.error is not None or len(t.partitions) != partitions:
+                return False
+            if any(p.leader < 0 for p in t.partitions.values()):
+                return False
+        return True
+    wait_until(all_led, timeout, f"topics {names} to have {partitions} led partitions")
+
+
+@dataclass
+class Received:
+    topic: str
+    partition: int
+    offset: int
+    key: Optional[str]
+    value: Optional[bytes]
+    headers: List[tuple]            # [(name, bytes)] in wire order
+    timestamp_type: int
+    timestamp_ms: int
+    recv_time: float                # time.time() when the consumer returned it
+
+    @property
+    def header_dict(self) -> Dict[str, str]:
+        return {k: (v.decode() if v is not None else None) for k, v in self.headers}
+
+    @property
+    def event_id(self) -> Optional[str]:
+        return self.header_dict.get("id")
+
+    def json(self):
+        return None if self.value is None else json.loads(self.value)
+
+
+class TopicReader:
+    """A consumer in a fresh group reading the given topics from the beginning."""
+
+    def __init__(self, env: Env, topics: List[str]):
+        self.topics = list(topics)
+        self.messages: List[Received] = []
+        self.errors: List[str] = []
+        self.assigned = set()
+        self._lock = threading.Lock()
+        self.consumer = Consumer({
+            "bootstrap.servers": env.bootstrap,
+            "group.id": f"outbox-it-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 30000,
+            "fetch.wait.max.ms": 50,
+            "topic.metadata.refresh.interval.ms": 2000,
+        })
+        self.consumer.subscribe(self.topics, on_assign=self._on_assign)
+
+    def _on_assign(self, consumer, partitions):
+        self.assigned.update((p.topic, p.partition) for p in partitions)
+
+    def poll(self, timeout: float = 0.2) -> int:
+        msgs = self.consumer.consume(num_messages=1000, timeout=timeout)
+        now = time.time()
+        got = []
+        for m in msgs:
+            if m.error() is not None:
+                self.errors.append(str(m.error()))
+                continue
+            ts_type, ts = m.timestamp()
+            got.append(Received(topic=m.topic(), partition=m.partition(), offset=m.offset(),
+                                key=None if m.key() is None else m.key().decode(),
+                                value=m.value(), headers=list(m.headers() or []),
+                                timestamp_type=ts_type, timestamp_ms=ts, recv_time=now))
+        if got:
+            with self._lock:
+                self.messages.extend(got)
+        return len(got)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.messages)
+
+    def wait_assigned(self, timeout: float = 30):
+        want = PARTITIONS * len(self.topics)
+
+        def done():
+            self.poll(0.2)
+            return len(self.assigned) >= want
+        wait_until(done, timeout, f"consumer assignment of {want} partitions", interval=0)
+
+    def read_until(self, expected: int, timeout: float, extra: float = 3.0) -> List[Received]:
+        """Poll until `expected` messages arrived or timeout, then `extra` more seconds."""
+        deadline = time.monotonic() + timeout
+        while self.count() < expected and time.monotonic() < deadline:
+            self.poll(0.2)
+        end = time.monotonic() + extra
+        while time.monotonic() < end:
+            self.poll(0.2)
+        return self.snapshot()
+
+    def snapshot(self) -> List[Received]:
+        with self._lock:
+            return list(self.messages)
+
+    def close(self):
+        try:
+            self.consumer.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@pytest.fixture
+def reader_factory(env):
+    readers = []
+
+    def make(topics: List[str], wait: bool = True) -> TopicReader:
+        r = TopicReader(env, topics)
+        readers.append(r)
+        if wait:
+            r.wait_assigned()
+        return r
+    yield make
+    for r in readers:
+        r.close()
+
+
+def unique_messages(msgs: List[Received]) -> List[Received]:
+    """Drop consumer-side re-deliveries (same topic/partition/offset), keep offset order."""
+    seen = set()
+    out = []
+    for m in sorted(msgs, key=lambda m: (m.topic, m.partition, m.offset)):
+        k = (m.topic, m.partition, m.offset)
+        if k not in seen:
+            seen.add(k)
+            out.append(m)
+    return out
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2), as unsigned 32 bit."""
+    m, r, mask = 0x5BD1E995, 24, 0xFFFFFFFF
+    length = len(data)
+    h = (0x9747B28C ^ length) & mask
+    for i in range(length // 4):
+        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> r
+        k = (k * m) & mask
+        h = (h * m) & mask
+        h ^= k
+    rest = length % 4
+    tail = data[length - rest:]
+    if rest == 3:
+        h ^= tail[2] << 16
+    if rest >= 2:
+        h ^= tail[1] << 8
+    if rest >= 1:
+        h ^= tail[0]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h
+
+
+def java_partition(key: str, partitions: int = PARTITIONS) -> int:
+    """The partition the Java client's default partitioner picks for a non-null key."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+# --------------------------------------------------------------------------- fixtures
+
+def ensure_servers_running(env: Env):
+    if kafka_sh(env, "status", check=False).returncode != 0:
+        kafka_sh(env, "start", timeout=180)
+    if pg_sh(env, "status", check=False).returncode != 0:
+        pg_sh(env, "start")
+
+
+@pytest.fixture(scope="session")
+def env() -> Env:
+    e = load_env()
+    ensure_servers_running(e)
+    conn = pg_connect(e)
+    try:
+        query(conn, "CREATE EXTENSION IF NOT EXISTS outbox")
+        db = query_one(conn, "SHOW outbox.database")[0]
+        servers = query_one(conn, "SHOW outbox.bootstrap_servers")[0]
+    finally:
+        conn.close()
+    assert db == e.pg_database, \
+        f"the relay serves database {db!r}, the tests use {e.pg_database!r}"
+    assert servers == e.bootstrap, \
+        (f"the relay publishes to {servers!r} but the tests read from {e.bootstrap!r}:"
+         " set OUTBOX_KAFKA (or OUTBOX_KAFKA_PORT) to match the cluster's outbox.bootstrap_servers")
+    wait_relay_ready(e)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    return e
+
+
+@pytest.fixture(autouse=True)
+def servers_left_running(env):
+    """Every test leaves Kafka and PostgreSQL running, with a ready relay."""
+    yield
+    ensure_servers_running(env)
+    wait_relay_ready(env)
+
+
+@pytest.fixture
+def conn(env):
+    c = pg_connect(env)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def prefix(conn) -> str:
+    return topic_prefix(conn)
+
+
+def new_aggregate_type(tag: str) -> str:
+    return f"it_{tag}_{uuid.uuid4().hex[:10]}"
+
+
+def percentile(sorted_values: List[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    assert sorted_values
+    k = max(0, min(len(sorted_values) - 1, math.ceil(p / 100.0 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+# --------------------------------------------------------------------------- checks
+
+RESERVED_HEADERS = ("id", "event_type", "aggregate_type")
+
+
+def message_problems(m: Received, *, event_id: str, aggregate_type: str, aggregate_id: str,
+                     event_type: str, payload, headers: Optional[dict], topic: str,
+                     created_ms: Optional[int]) -> List[str]:
+    """Everything wrong with one Kafka message compared with the event it should carry."""
+    p = []
+    where = f"event {event_id} at {m.topic}[{m.partition}]@{m.offset}"
+    if m.topic != topic:
+        p.append(f"{where}: topic {m.topic!r}, expected {topic!r}")
+    if m.key != aggregate_id:
+        p.append(f"{where}: key {m.key!r}, expected {aggregate_id!r}")
+    names = [h[0] for h in m.headers]
+    if names[:3] != list(RESERVED_HEADERS):
+        p.append(f"{where}: first headers {names[:3]}, expected {list(RESERVED_HEADERS)}")
+    if len(names) != len(set(names)):
+        p.append(f"{where}: duplicate header names {names}")
+    hd = m.header_dict
+    for name, want in (("id", event_id), ("event_type", event_type),
+                       ("aggregate_type", aggregate_type)):
+        if hd.get(name) != want:
+            p.append(f"{where}: header {name}={hd.get(name)!r}, expected {want!r}")
+    user = {k: v for k, v in hd.items() if k not in RESERVED_HEADERS}
+    if user != (headers or {}):
+        p.append(f"{where}: user headers {user!r}, expected {headers or {}!r}")
+    if payload is None:
+        if m.value is not None:
+            p.append(f"{where}: value {m.value!r}, expected a tombstone (None)")
+    else:
+        try:
+            got = json.loads(m.value) if m.value is not None else None
+        except ValueError as e:
+            got = f"<not JSON: {e}: {m.value!r}>"
+        if got != payload:
+            p.append(f"{where}: payload {got!r}, expected {payload!r}")
+    if m.timestamp_type != TIMESTAMP_CREATE_TIME:
+        p.append(f"{where}: timestamp type {m.timestamp_type}, expected CreateTime")
+    if created_ms is not None and m.timestamp_ms != created_ms:
+        p.append(f"{where}: timestamp {m.timestamp_ms}, expected created_at {created_ms} ms")
+    return p
+
+
+def event_rows(conn, aggregate_type: str) -> Dict[str, dict]:
+    """outbox.events rows of one aggregate_type by event_id, with created_at in Unix ms."""
+    with conn.cursor() as cur:
+        cur.execute("""
+            SELECT event_id::text, id, aggregate_id, event_type, topic, payload, headers,
+                   floor(extract(epoch FROM created_at) * 1000)::bigint AS created_ms,
+                   published_at, attempts, last_error
+              FROM outbox.events WHERE aggregate_type = %s ORDER BY id""", (aggregate_type,))
+        cols = [d[0] for d in cur.description]
+        return {r[0]: dict(zip(cols, r)) for r in cur.fetchall()}
+
+
+def assert_no_problems(problems: List[str], what: str, show: int = 20):
+    assert not problems, (f"{len(problems)} problem(s) with {what}:\n  "
+                          + "\n  ".join(problems[:show])
+                          + (f"\n  ... and {len(problems) - show} more" if len(problems) > show else ""))
+
+
+def emit_round_robin(conn, agg_type, n_aggregates, per_aggregate, tag, event_type="it.event"):
+    """One transaction per event, aggregates interleaved; returns [(event_id, agg_id, seq)]."""
+    out = []
+    for seq in range(1, per_aggregate + 1):
+        for k in range(n_aggregates):
+            agg_id = f"{tag}-{k}"
+            with conn.cursor() as cur:
+                eid = emit(cur, agg_type, agg_id, event_type, {"agg": agg_id, "seq": seq})
+            conn.commit()
+            out.append((eid, agg_id, seq))
+    return out
+
+
+def order_problems(msgs, expected):
+    """Per aggregate, first occurrences in offset order must follow the commit order."""
+    problems = []
+    got = collections.defaultdict(list)
+    seen = set()
+    for m in msgs:                       # msgs are in (partition, offset) order
+        if m.event_id in seen:
+            continue
+        seen.add(m.event_id)
+        got[m.key].append(expected[m.event_id][1])
+    want = collections.defaultdict(list)      # one session, so commit order = seq order
+    for agg_id, seq in expected.values():
+        want[agg_id].append(seq)
+    for agg_id, seqs in want.items():
+        if got.get(agg_id) != sorted(seqs):
+            problems.append(f"{agg_id}: arrived {got.get(agg_id)}, committed {sorted(seqs)}")
+    return problems

@@ -1,0 +1,127 @@
+"""
+Kafka down when PostgreSQL starts: events pile up, the relay reports broker_down, logs the
+outage a bounded number of times, and delivers everything in per-aggregate order once Kafka
+is back.  "short": Kafka is back after a few seconds (within outbox.delivery_timeout);
+"long": Kafka stays down until the first delivery attempt of every event has failed, so the
+retry/backoff path (attempts > 0, later events held back behind a failed one) is exercised.
+"""
+import collections
+import time
+
+import pytest
+
+from conftest import (LogWatcher, create_topics, delivery_errors,
+                      emit_round_robin, event_rows, kafka_sh, new_aggregate_type,
+                      order_problems, pg_connect, pg_sh, query_one, relay_status, report,
+                      unique_messages, wait_until)
+
+N_AGGREGATES = 20
+PER_AGGREGATE = 10
+DELIVERY_TIMEOUT_S = 90         # from Kafka being back to the last event received
+MAX_OUTAGE_WARNINGS = 10        # "bounded": fewer than this many relay WARNING/ERROR lines
+
+
+@pytest.mark.parametrize("outage", ["short", "long"])
+def test_broker_down_at_start(env, prefix, reader_factory, outage):
+    conn = pg_connect(env)
+    delivery_timeout = query_one(conn, "SELECT current_setting('outbox.delivery_timeout')::interval")[0]
+    conn.close()
+    if outage == "long" and delivery_timeout.total_seconds() > 60:
+        pytest.skip(f"outbox.delivery_timeout = {delivery_timeout}: the long outage would take too long")
+
+    agg_type = new_aggregate_type(f"down_{outage}")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    n = N_AGGREGATES * PER_AGGREGATE
+
+    watcher = LogWatcher(env)
+    kafka_sh(env, "stop")
+    try:
+        pg_sh(env, "restart")
+        conn = wait_until(lambda: pg_connect(env, autocommit=False), 30, "a new connection")
+
+        # with nothing to publish, the relay finds out that Kafka is down
+        def state():
+            s = relay_status(conn)
+            conn.rollback()
+            return s[0]["state"] if s else None
+        wait_until(lambda: state() == "broker_down", 30, "outbox.status state broker_down")
+        status_down = relay_status(conn)[0]
+        conn.rollback()
+
+        emitted = emit_round_robin(conn, agg_type, N_AGGREGATES, PER_AGGREGATE, "acct")
+        conn.autocommit = True
+        assert len(emitted) == n
+
+        time.sleep(3)
+        unpublished = query_one(conn, "SELECT count(*) FROM outbox.events"
+                                      " WHERE aggregate_type = %s AND published_at IS NULL",
+                                (agg_type,))[0]
+        assert unpublished == n, f"{n - unpublished} events were marked published while Kafka is down"
+        st = relay_status(conn)[0]
+        assert st["state"] == "broker_down", st
+        assert st["pending"] >= n, st
+
+        if outage == "long":
+            # wait for every event's first delivery attempt to fail (delivery_timeout + margin)
+            # every aggregate's oldest event gets a failed attempt; later events of an aggregate
+            # wait behind its failed head (order), so they need not have been tried yet
+            def every_aggregate_failed_once():
+                failed = query_one(conn, "SELECT count(DISTINCT aggregate_id) FROM outbox.events"
+                                         " WHERE aggregate_type = %s AND attempts > 0",
+                                   (agg_type,))[0]
+                return failed == N_AGGREGATES
+            wait_until(every_aggregate_failed_once, 2 * delivery_timeout.total_seconds() + 30,
+                       "a failed delivery attempt on every aggregate", interval=1)
+            st = relay_status(conn)[0]
+            assert st["state"] == "broker_down", st
+            assert delivery_errors(st) >= N_AGGREGATES, st
+            assert st["last_error"], st
+        conn.close()
+    finally:
+        kafka_sh(env, "start", timeout=180)
+    back = time.time()
+
+    reader = reader_factory([topic])
+    expected = {eid: (agg_id, seq) for eid, agg_id, seq in emitted}
+    raw = reader.read_until(n, timeout=DELIVERY_TIMEOUT_S, extra=3)
+    msgs = unique_messages(raw)
+    counts = collections.Counter(m.event_id for m in msgs)
+    missing = set(expected) - set(counts)
+    assert not missing, f"{len(missing)} of {n} events not delivered {DELIVERY_TIMEOUT_S}s after Kafka came back"
+    assert set(counts) == set(expected), f"unexpected events: {sorted(set(counts) - set(expected))[:5]}"
+    dups = sum(c - 1 for c in counts.values())
+    last = max(m.recv_time for m in msgs)
+    report(f"OUTBOX BROKER DOWN ({outage}): {n} events received within {last - back:.1f}s after"
+           f" `kafka.sh start` returned; {dups} duplicate(s)")
+    assert all(m.key == expected[m.event_id][0] for m in msgs)
+    probs = order_problems(msgs, expected)
+    assert not probs, "per-aggregate order broken:\n  " + "\n  ".join(probs[:10])
+    if outage == "short":
+        # the messages waited in the producer's queue; nothing failed, nothing was sent twice
+        assert dups == 0, f"{dups} duplicates although no delivery attempt failed"
+
+    conn = pg_connect(env)
+    try:
+        rows = wait_until(lambda: (lambda r: all(x["published_at"] for x in r.values()) and r)(
+            event_rows(conn, agg_type)), 30, "published_at on every row")
+        assert set(rows) == set(expected)
+        if outage == "long":
+            tried = {r["aggregate_id"] for r in rows.values() if r["attempts"] >= 1 and r["last_error"]}
+            assert len(tried) == N_AGGREGATES, "a failed attempt was not recorded on every aggregate"
+        wait_until(lambda: relay_status(conn)[0]["state"] in ("idle", "publishing"), 30,
+                   "the relay to leave broker_down")
+    finally:
+        conn.close()
+
+    lines = watcher.new_lines()
+    relay_lines = [ln for ln in lines if "outbox relay" in ln]
+    warnings = [ln for ln in relay_lines if "WARNING:" in ln or "ERROR:" in ln]
+    report(f"OUTBOX BROKER DOWN ({outage}): {len(relay_lines)} server log lines from the relay, "
+           f"{len(warnings)} WARNING/ERROR; {len(lines)} new log lines in all")
+    assert warnings, "the outage was not logged at all"
+    assert len(warnings) < MAX_OUTAGE_WARNINGS, \
+        f"{len(warnings)} relay WARNING/ERROR lines for one outage:\n" + "\n".join(warnings[:20])
+    assert len(relay_lines) < 3 * MAX_OUTAGE_WARNINGS, "\n".join(relay_lines[:40])
+    assert any("reached Kafka again" in ln for ln in relay_lines), "\n".join(relay_lines)
+
