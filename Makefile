@@ -32,3 +32,7 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 EXTRA_CLEAN = test/out
+
+# PGXS tracks no header dependencies unless PostgreSQL was built with
+# --enable-depend: rebuild everything when a header changes.
+$(OBJS): $(wildcard $(srcdir)/src/*.h)

@@ -15,6 +15,7 @@
 #include <ctype.h>
 #include <limits.h>
 
+#include "miscadmin.h"
 #include "utils/guc.h"
 
 char	   *outbox_database = NULL;
@@ -48,12 +49,19 @@ static bool check_kafka_properties(char **newval, void **extra,
 void
 outbox_define_gucs(void)
 {
+	/*
+	 * Read by the relay worker when it connects, so it can only change with a
+	 * restart.  PGC_POSTMASTER variables can only be created by the
+	 * postmaster; when the library is loaded later (no worker will run) the
+	 * same variable is defined as PGC_SIGHUP so that loading never fails.
+	 */
 	DefineCustomStringVariable("outbox.database",
 							   "Database the outbox relay worker connects to.",
 							   "Only this database's outbox.events table is relayed.",
 							   &outbox_database,
 							   "postgres",
-							   PGC_POSTMASTER,
+							   process_shared_preload_libraries_in_progress ?
+							   PGC_POSTMASTER : PGC_SIGHUP,
 							   0,
 							   NULL, NULL, NULL);
 
@@ -295,6 +303,8 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 
 	if (!outbox_parse_kafka_properties(*newval, &props, &nprops, &error))
 	{
+		/* replaces core's message, which would quote the whole value */
+		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_properties\"");
 		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
 		return false;
 	}

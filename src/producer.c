@@ -27,7 +27,20 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "utils/hsearch.h"
 #include "utils/memutils.h"
+
+/* topics whose handles we keep; past this, each message looks its topic up */
+#define MAX_CACHED_TOPICS	10000
+
+/* how long the first message to a topic may wait for its metadata */
+#define TOPIC_METADATA_TIMEOUT_MS	500
+
+typedef struct TopicEntry
+{
+	char		name[OUTBOX_TOPIC_MAX_LEN + 1];	/* hash key */
+	rd_kafka_topic_t *rkt;
+} TopicEntry;
 
 StaticAssertDecl(SIZEOF_VOID_P >= 8,
 				 "delivery opaques pack a generation and an index into a pointer");
@@ -151,6 +164,16 @@ outbox_producer_create(char **error)
 	rd_kafka_queue_io_event_enable(mainq, producer->wakeup_fd[1], "1", 1);
 	rd_kafka_queue_destroy(mainq);
 
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = OUTBOX_TOPIC_MAX_LEN + 1;
+		ctl.entrysize = sizeof(TopicEntry);
+		ctl.hcxt = TopMemoryContext;
+		producer->topics = hash_create("outbox relay topics", 64, &ctl,
+									   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+
 	producer->bootstrap_servers = MemoryContextStrdup(TopMemoryContext,
 													  outbox_bootstrap_servers);
 	producer->kafka_properties = MemoryContextStrdup(TopMemoryContext,
@@ -212,9 +235,20 @@ outbox_producer_destroy(OutboxProducer *producer)
 		rd_kafka_purge(producer->rk,
 					   RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 		rd_kafka_poll(producer->rk, 0);
+		if (producer->topics != NULL)
+		{
+			HASH_SEQ_STATUS seq;
+			TopicEntry *entry;
+
+			hash_seq_init(&seq, producer->topics);
+			while ((entry = hash_seq_search(&seq)) != NULL)
+				rd_kafka_topic_destroy(entry->rkt);
+		}
 		rd_kafka_destroy(producer->rk);
 		producer->rk = NULL;
 	}
+	if (producer->topics != NULL)
+		hash_destroy(producer->topics);
 	if (producer->wakeup_fd[0] >= 0)
 		close(producer->wakeup_fd[0]);
 	if (producer->wakeup_fd[1] >= 0)
@@ -264,6 +298,44 @@ outbox_producer_begin_batch(OutboxProducer *producer, int capacity)
 }
 
 /*
+ * The handle of a topic, created on first use.
+ *
+ * librdkafka looks up unknown topics only about once a second, so the first
+ * message to each topic would wait up to a second; asking for the topic's
+ * metadata right away makes that a round trip instead.  Returns NULL when
+ * the cache is full: the caller then names the topic per message.
+ */
+static rd_kafka_topic_t *
+topic_handle(OutboxProducer *producer, const char *name)
+{
+	TopicEntry *entry;
+	bool		found;
+	const struct rd_kafka_metadata *md = NULL;
+
+	if (strlen(name) > OUTBOX_TOPIC_MAX_LEN)
+		return NULL;
+	entry = hash_search(producer->topics, name, HASH_FIND, NULL);
+	if (entry != NULL)
+		return entry->rkt;
+	if (hash_get_num_entries(producer->topics) >= MAX_CACHED_TOPICS)
+		return NULL;
+
+	entry = hash_search(producer->topics, name, HASH_ENTER, &found);
+	entry->rkt = rd_kafka_topic_new(producer->rk, name, NULL);
+	if (entry->rkt == NULL)
+	{
+		hash_search(producer->topics, name, HASH_REMOVE, NULL);
+		return NULL;
+	}
+	/* not worth a wait when no broker answers anyway */
+	if (!producer->all_brokers_down &&
+		rd_kafka_metadata(producer->rk, 0, entry->rkt, &md,
+						  TOPIC_METADATA_TIMEOUT_MS) == RD_KAFKA_RESP_ERR_NO_ERROR)
+		rd_kafka_metadata_destroy(md);
+	return entry->rkt;
+}
+
+/*
  * outbox_producer_send
  *		Queue one message as entry index of the current batch.
  *
@@ -278,6 +350,7 @@ outbox_producer_send(OutboxProducer *producer, int index,
 {
 	rd_kafka_headers_t *headers;
 	rd_kafka_resp_err_t err;
+	rd_kafka_topic_t *rkt;
 	uintptr_t	tag;
 	int			i;
 
@@ -289,15 +362,27 @@ outbox_producer_send(OutboxProducer *producer, int index,
 							msg->header_values[i], msg->header_lens[i]);
 
 	tag = ((uintptr_t) producer->generation << 32) | (uint32) index;
-	err = rd_kafka_producev(producer->rk,
-							RD_KAFKA_V_TOPIC(msg->topic),
-							RD_KAFKA_V_KEY(msg->key, msg->key_len),
-							RD_KAFKA_V_VALUE((void *) msg->value, msg->value_len),
-							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-							RD_KAFKA_V_HEADERS(headers),
-							RD_KAFKA_V_TIMESTAMP(msg->timestamp_ms),
-							RD_KAFKA_V_OPAQUE((void *) tag),
-							RD_KAFKA_V_END);
+	rkt = topic_handle(producer, msg->topic);
+	if (rkt != NULL)
+		err = rd_kafka_producev(producer->rk,
+								RD_KAFKA_V_RKT(rkt),
+								RD_KAFKA_V_KEY(msg->key, msg->key_len),
+								RD_KAFKA_V_VALUE((void *) msg->value, msg->value_len),
+								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+								RD_KAFKA_V_HEADERS(headers),
+								RD_KAFKA_V_TIMESTAMP(msg->timestamp_ms),
+								RD_KAFKA_V_OPAQUE((void *) tag),
+								RD_KAFKA_V_END);
+	else
+		err = rd_kafka_producev(producer->rk,
+								RD_KAFKA_V_TOPIC(msg->topic),
+								RD_KAFKA_V_KEY(msg->key, msg->key_len),
+								RD_KAFKA_V_VALUE((void *) msg->value, msg->value_len),
+								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+								RD_KAFKA_V_HEADERS(headers),
+								RD_KAFKA_V_TIMESTAMP(msg->timestamp_ms),
+								RD_KAFKA_V_OPAQUE((void *) tag),
+								RD_KAFKA_V_END);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		/* headers are only taken over on success */

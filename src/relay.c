@@ -280,7 +280,10 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 			break;
 		for (i = 0; i < SPI_processed && batch.n < outbox_batch_size; i++)
 		{
-			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
+			MemoryContext oldcxt;
+
+			CHECK_FOR_INTERRUPTS();
+			oldcxt = MemoryContextSwitchTo(rowcxt);
 
 			produce_row(producer, &batch, SPI_tuptable->vals[i],
 						SPI_tuptable->tupdesc);

@@ -4,6 +4,7 @@
 # suites against them, and stop what it started.
 #
 # Usage: test/run.sh [STAGE...]      stages: build regress pgtap integration (default: all)
+#        PYTEST_ARGS="-k config" test/run.sh integration     pass options to pytest
 #
 # Needs the packages test/env/deps.sh installs. Servers get their own ports and directories
 # (below), so the demo's servers (test/demo.sh) can keep running beside the tests.
@@ -71,7 +72,8 @@ if want pgtap; then
 fi
 
 if want integration; then
-    run_stage "integration (real Kafka)" "$PY" -m pytest -v -p no:cacheprovider test/integration
+    eval "PYARGS=(${PYTEST_ARGS:-})"     # keeps quoting, e.g. PYTEST_ARGS="-k 'a or b'"
+    run_stage "integration (real Kafka)" "$PY" -m pytest -v -p no:cacheprovider test/integration "${PYARGS[@]}"
 fi
 
 say "done in $(( $(date +%s) - START )) s"

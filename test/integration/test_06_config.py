@@ -1,0 +1,169 @@
+"""
+outbox.* settings applied with pg_reload_conf() (SIGHUP), against the running relay:
+bad librdkafka properties are a clear log line and a status, never a crash loop; an empty
+bootstrap list idles the relay; a changed bootstrap list is picked up without a restart;
+retention deletes published rows.
+"""
+import collections
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type, query,
+                      query_one, relay_status, unique_messages, wait_until)
+
+
+def set_conf(conn, **settings):
+    """ALTER SYSTEM SET outbox.<name> = value (None = RESET), then reload."""
+    for name, value in settings.items():
+        if value is None:
+            query(conn, f"ALTER SYSTEM RESET outbox.{name}")
+        else:
+            query(conn, f"ALTER SYSTEM SET outbox.{name} = %s", (str(value),))
+    query(conn, "SELECT pg_reload_conf()")
+
+
+def state(conn):
+    return relay_status(conn)[0]["state"]
+
+
+def pending(conn, agg_type):
+    return query_one(conn, "SELECT count(*) FROM outbox.events"
+                           " WHERE aggregate_type = %s AND published_at IS NULL", (agg_type,))[0]
+
+
+def deliver_all(reader, emitted, timeout=60):
+    msgs = unique_messages(reader.read_until(len(emitted), timeout=timeout, extra=1))
+    got = collections.Counter(m.event_id for m in msgs)
+    want = {e for e, _, _ in emitted}
+    assert set(got) == want, f"missing {len(want - set(got))}, unexpected {len(set(got) - want)}"
+
+
+def test_invalid_kafka_property_is_logged_once_and_fixed_by_reload(env, conn, prefix, reader_factory):
+    agg_type = new_aggregate_type("badprop")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    pid = relay_status(conn)[0]["pid"]
+    watcher = LogWatcher(env)
+    try:
+        # well-formed, so the reload accepts it; librdkafka refuses the value
+        set_conf(conn, kafka_properties="linger.ms=not-a-number")
+        wait_until(lambda: state(conn) == "config_error", 20, "state config_error")
+        emitted = emit_round_robin(conn, agg_type, 3, 3, "bad")
+        conn.autocommit = True
+        time.sleep(3)       # several poll intervals: still one log line, same worker
+        assert pending(conn, agg_type) == len(emitted), "events were published with a refused config"
+        st = relay_status(conn)[0]
+        assert st["pid"] == pid, "the relay worker restarted (crash loop?)"
+        assert 'invalid value for librdkafka property "linger.ms"' in (st["last_error"] or ""), st
+        lines = [ln for ln in watcher.new_lines() if "cannot create its Kafka producer" in ln]
+        assert len(lines) == 1, lines
+        assert 'invalid value for librdkafka property "linger.ms"' in lines[0]
+
+        # an unknown property is named too
+        set_conf(conn, kafka_properties="no.such.property=1")
+        wait_until(lambda: "unknown librdkafka property \"no.such.property\""
+                   in (relay_status(conn)[0]["last_error"] or ""), 20, "the unknown-property error")
+    finally:
+        set_conf(conn, kafka_properties=None)
+    wait_until(lambda: state(conn) in ("idle", "publishing"), 20, "the relay to recover")
+    deliver_all(reader, emitted)
+    assert relay_status(conn)[0]["pid"] == pid
+
+
+def test_malformed_or_reserved_kafka_properties_are_refused(env, conn):
+    # ALTER SYSTEM checks the value at once; the message never quotes it (it may hold a secret)
+    for value, detail in (("sasl.password", "item 1 is not of the form key=value"),
+                          ("acks=1", 'property "acks" is set by the relay itself')):
+        with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+            query(conn, f"ALTER SYSTEM SET outbox.kafka_properties = '{value}'")
+        assert detail in str(e.value), str(e.value)
+        if "=" not in value:
+            assert value not in str(e.value).replace("outbox.kafka_properties", ""), str(e.value)
+
+    # the same values written into postgresql.conf: the reload logs them and keeps the old value
+    conf = Path(env.pg_dir) / "data" / "postgresql.conf"
+    original = conf.read_text()
+    watcher = LogWatcher(env)
+    try:
+        for value, detail in (("sasl.password", "item 1 is not of the form key=value"),
+                              ("acks=1", 'property "acks" is set by the relay itself')):
+            conf.write_text(original + f"\noutbox.kafka_properties = '{value}'\n")
+            query(conn, "SELECT pg_reload_conf()")
+            wait_until(lambda: detail in "\n".join(watcher.new_lines()), 10,
+                       f"the reload to refuse {value!r}")
+            assert query_one(conn, "SHOW outbox.kafka_properties")[0] == ""
+            assert state(conn) in ("idle", "publishing")
+    finally:
+        conf.write_text(original)
+        query(conn, "SELECT pg_reload_conf()")
+
+
+def test_empty_bootstrap_servers_idles_then_reload_resumes(env, conn, prefix, reader_factory):
+    agg_type = new_aggregate_type("nobootstrap")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    watcher = LogWatcher(env)
+    try:
+        set_conf(conn, bootstrap_servers="")
+        wait_until(lambda: state(conn) == "not_configured", 20, "state not_configured")
+        emitted = emit_round_robin(conn, agg_type, 2, 5, "idle")
+        conn.autocommit = True
+        time.sleep(3)
+        assert pending(conn, agg_type) == len(emitted)
+        idle_lines = [ln for ln in watcher.new_lines() if "outbox.bootstrap_servers is empty" in ln]
+        assert len(idle_lines) == 1, idle_lines
+    finally:
+        set_conf(conn, bootstrap_servers=None)
+    deliver_all(reader, emitted)
+
+
+def test_bootstrap_servers_change_applies_without_restart(env, conn, prefix, reader_factory):
+    agg_type = new_aggregate_type("rebootstrap")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    pid = relay_status(conn)[0]["pid"]
+    watcher = LogWatcher(env)
+    try:
+        set_conf(conn, bootstrap_servers="127.0.0.1:1")      # nothing listens there
+        emitted = emit_round_robin(conn, agg_type, 2, 5, "moved")
+        conn.autocommit = True
+        wait_until(lambda: state(conn) == "broker_down", 30, "state broker_down")
+        assert pending(conn, agg_type) == len(emitted)
+    finally:
+        set_conf(conn, bootstrap_servers=None)
+    deliver_all(reader, emitted)
+    assert relay_status(conn)[0]["pid"] == pid, "a reload must not restart the worker"
+    log = "\n".join(watcher.new_lines())
+    assert log.count("Kafka settings changed, reconnecting") >= 2, log[-3000:]
+
+
+def test_retention_deletes_published_events(env, conn, prefix, reader_factory):
+    agg_type = new_aggregate_type("retention")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    try:
+        set_conf(conn, retention="2s")
+        emitted = emit_round_robin(conn, agg_type, 2, 10, "ret")
+        conn.autocommit = True
+        deliver_all(reader, emitted)
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events"
+                                           " WHERE aggregate_type = %s", (agg_type,))[0] == 0,
+                   20, "published events to be deleted after outbox.retention")
+
+        # retention 0: deleted as soon as Kafka acknowledged them
+        set_conf(conn, retention="0")
+        more = emit_round_robin(conn, agg_type, 2, 10, "ret0")
+        conn.autocommit = True
+        deliver_all(reader, emitted + more)
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events"
+                                           " WHERE aggregate_type = %s", (agg_type,))[0] == 0,
+                   10, "events to be deleted on acknowledgement")
+    finally:
+        set_conf(conn, retention=None)
