@@ -24,7 +24,7 @@ char	   *outbox_topic_prefix = NULL;
 int			outbox_batch_size = 1000;
 int			outbox_poll_interval = 1000;
 char	   *outbox_kafka_properties = NULL;
-int			outbox_retention = 600;
+int			outbox_retention = 60;
 int			outbox_delivery_timeout = 30000;
 int			outbox_retry_backoff_max = 30000;
 int			outbox_max_attempts = 10;
@@ -114,7 +114,7 @@ outbox_define_gucs(void)
 							"How long published events are kept before the relay deletes them.",
 							"-1 keeps them forever; 0 deletes them as soon as Kafka acknowledged them.",
 							&outbox_retention,
-							600, -1, INT_MAX,
+							60, -1, INT_MAX,
 							PGC_SIGHUP,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
