@@ -12,6 +12,7 @@ OBJS = \
 	src/emit.o \
 	src/status.o \
 	src/ops.o \
+	src/capture.o \
 	src/producer.o \
 	src/relay.o \
 	src/worker.o
@@ -24,7 +25,7 @@ PG_CPPFLAGS += -I$(srcdir)/src
 PG_CFLAGS += -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 
 # pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/
-REGRESS = emit
+REGRESS = emit capture ops
 REGRESS_OPTS = --inputdir=test --outputdir=test/out
 
 PG_CONFIG ?= pg_config

@@ -30,13 +30,12 @@ static bool wake_at_commit = false;
 static bool xact_callback_registered = false;
 
 /* INSERT plan, prepared once per backend */
-static SPIPlanPtr emit_plan = NULL;
+static SPIPlanPtr insert_plan = NULL;
 
 static void outbox_xact_callback(XactEvent event, void *arg);
 static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
 							   const char *name);
 static void validate_headers(Jsonb *headers);
-static void validate_topic(text *topic, text *aggregate_type);
 static const char *jsonb_type_name(JsonbValue *v);
 
 /*
@@ -125,42 +124,63 @@ outbox_xact_callback(XactEvent event, void *arg)
  *	22023 (invalid_parameter_value): one of them is empty; headers is not a
  *		  JSON object of string values or uses a reserved name; topic (or,
  *		  when topic is NULL, outbox.topic_prefix || aggregate_type) is not a
- *		  legal Kafka topic name.
+ *		  legal Kafka topic name;
+ *	42501 (insufficient_privilege): outbox.allowed_topics does not allow
+ *		  the topic.
  */
 Datum
 outbox_emit(PG_FUNCTION_ARGS)
 {
-	text	   *aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
-	text	   *aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
-	text	   *event_type = required_text_arg(fcinfo, 2, "event_type");
-	Jsonb	   *headers = PG_ARGISNULL(4) ? NULL : PG_GETARG_JSONB_P(4);
-	text	   *topic = PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5);
+	OutboxEvent event;
+
+	event.aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
+	event.aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
+	event.event_type = required_text_arg(fcinfo, 2, "event_type");
+	event.payload = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
+	event.headers = PG_ARGISNULL(4) ? NULL : PG_GETARG_JSONB_P(4);
+	event.topic = PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5);
+
+	if (event.headers != NULL)
+		validate_headers(event.headers);
+	outbox_validate_topic(event.topic, event.aggregate_type, NULL);
+
+	PG_RETURN_POINTER(outbox_insert_event(&event));
+}
+
+/*
+ * outbox_insert_event
+ *		Insert one validated event into outbox.events in the current
+ *		transaction and make its commit wake the relay.
+ *
+ * The caller has checked the arguments (outbox_validate_topic() for the
+ * topic).  Returns the new event_id, palloc'd in the caller's context.
+ * Raises ERROR if the INSERT fails (e.g. the extension is being dropped).
+ */
+pg_uuid_t *
+outbox_insert_event(const OutboxEvent *event)
+{
 	Datum		values[6];
 	char		nulls[6];
 	bool		isnull;
 	Datum		event_id;
-	void	   *result;
+	pg_uuid_t  *result;
 	int			ret;
 
-	if (headers != NULL)
-		validate_headers(headers);
-	validate_topic(topic, aggregate_type);
-
-	values[0] = PointerGetDatum(aggregate_type);
-	values[1] = PointerGetDatum(aggregate_id);
-	values[2] = PointerGetDatum(event_type);
-	values[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
-	values[4] = PointerGetDatum(headers);
-	values[5] = PointerGetDatum(topic);
+	values[0] = PointerGetDatum(event->aggregate_type);
+	values[1] = PointerGetDatum(event->aggregate_id);
+	values[2] = PointerGetDatum(event->event_type);
+	values[3] = PointerGetDatum(event->payload);
+	values[4] = PointerGetDatum(event->headers);
+	values[5] = PointerGetDatum(event->topic);
 	nulls[0] = nulls[1] = nulls[2] = ' ';
-	nulls[3] = PG_ARGISNULL(3) ? 'n' : ' ';
-	nulls[4] = headers == NULL ? 'n' : ' ';
-	nulls[5] = topic == NULL ? 'n' : ' ';
+	nulls[3] = event->payload == NULL ? 'n' : ' ';
+	nulls[4] = event->headers == NULL ? 'n' : ' ';
+	nulls[5] = event->topic == NULL ? 'n' : ' ';
 
 	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "outbox.emit: SPI_connect failed");
+		elog(ERROR, "outbox: SPI_connect failed");
 
-	if (emit_plan == NULL)
+	if (insert_plan == NULL)
 	{
 		Oid			argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID};
 		SPIPlanPtr	plan;
@@ -171,15 +191,15 @@ outbox_emit(PG_FUNCTION_ARGS)
 						   " VALUES ($1, $2, $3, $4, $5, $6) RETURNING event_id",
 						   6, argtypes);
 		if (plan == NULL)
-			elog(ERROR, "outbox.emit: SPI_prepare failed: %s",
+			elog(ERROR, "outbox: SPI_prepare failed: %s",
 				 SPI_result_code_string(SPI_result));
 		SPI_keepplan(plan);
-		emit_plan = plan;
+		insert_plan = plan;
 	}
 
-	ret = SPI_execute_plan(emit_plan, values, nulls, false, 1);
+	ret = SPI_execute_plan(insert_plan, values, nulls, false, 1);
 	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
-		elog(ERROR, "outbox.emit: INSERT into outbox.events failed: %s",
+		elog(ERROR, "outbox: INSERT into outbox.events failed: %s",
 			 SPI_result_code_string(ret));
 
 	/* the uuid is pass-by-reference: copy it out of SPI's memory */
@@ -190,8 +210,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	outbox_register_wakeup_at_commit();
-
-	PG_RETURN_POINTER(result);
+	return result;
 }
 
 /*
@@ -289,34 +308,50 @@ jsonb_type_name(JsonbValue *v)
 }
 
 /*
- * Check the explicit topic, or the routed one (prefix || aggregate_type).
+ * outbox_validate_topic
+ *		Check the event's topic: the explicit one, or the routed one
+ *		(outbox.topic_prefix || aggregate_type) when topic is NULL.  It must
+ *		be a legal Kafka topic name (22023) and allowed by
+ *		outbox.allowed_topics (42501).  context, if not NULL, is prefixed to
+ *		the messages (the trigger capture names its trigger and table).
  */
-static void
-validate_topic(text *topic, text *aggregate_type)
+void
+outbox_validate_topic(text *topic, text *aggregate_type, const char *context)
 {
+	char	   *name;
+
+	if (context == NULL)
+		context = "";
 	if (topic != NULL)
 	{
+		name = text_to_cstring(topic);
 		if (!outbox_topic_is_legal(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("topic \"%s\" is not a legal Kafka topic name",
-							text_to_cstring(topic)),
+					 errmsg("%stopic \"%s\" is not a legal Kafka topic name",
+							context, name),
 					 errdetail("Kafka topic names are 1 to %d characters of ASCII letters, digits, '.', '_' and '-', and not \".\" or \"..\".",
 							   OUTBOX_TOPIC_MAX_LEN)));
 	}
 	else
 	{
-		char	   *routed = psprintf("%s%s", outbox_topic_prefix,
-									  text_to_cstring(aggregate_type));
-
-		if (!outbox_topic_is_legal(routed, strlen(routed)))
+		name = psprintf("%s%s", outbox_topic_prefix,
+						text_to_cstring(aggregate_type));
+		if (!outbox_topic_is_legal(name, strlen(name)))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("aggregate_type \"%s\" routes to \"%s\", which is not a legal Kafka topic name",
-							text_to_cstring(aggregate_type), routed),
+					 errmsg("%saggregate_type \"%s\" routes to \"%s\", which is not a legal Kafka topic name",
+							context, text_to_cstring(aggregate_type), name),
 					 errdetail("Kafka topic names are 1 to %d characters of ASCII letters, digits, '.', '_' and '-', and not \".\" or \"..\".",
 							   OUTBOX_TOPIC_MAX_LEN),
 					 errhint("Pass an explicit topic, or use an aggregate_type that fits outbox.topic_prefix (currently \"%s\").",
 							 outbox_topic_prefix)));
 	}
+
+	if (!outbox_topic_is_allowed(name))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%stopic \"%s\" is not allowed", context, name),
+				 errdetail("outbox.allowed_topics is \"%s\".", outbox_allowed_topics),
+				 errhint("A superuser can add the topic, or a prefix pattern such as \"orders.*\", to outbox.allowed_topics.")));
 }

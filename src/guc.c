@@ -16,7 +16,11 @@
 #include <limits.h>
 
 #include "miscadmin.h"
+#include "lib/stringinfo.h"
+#include "tcop/tcopprot.h"
+#include "utils/elog.h"
 #include "utils/guc.h"
+#include "utils/memutils.h"
 
 char	   *outbox_database = NULL;
 char	   *outbox_bootstrap_servers = NULL;
@@ -29,6 +33,15 @@ int			outbox_delivery_timeout = 30000;
 int			outbox_retry_backoff_max = 30000;
 int			outbox_max_attempts = 10;
 int			outbox_on_failed_event = OUTBOX_ON_FAILED_HOLD;
+char	   *outbox_allowed_topics = NULL;
+char	   *outbox_role = NULL;
+
+/* characters Kafka allows in topic names */
+#define TOPIC_CHARACTERS \
+	"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+
+/* parsed outbox.allowed_topics: entries separated by '\0', ending in "\0\0" */
+static const char *allowed_topic_list = NULL;
 
 static const struct config_enum_entry on_failed_event_options[] = {
 	{"hold", OUTBOX_ON_FAILED_HOLD, false},
@@ -39,6 +52,13 @@ static const struct config_enum_entry on_failed_event_options[] = {
 static bool check_topic_prefix(char **newval, void **extra, GucSource source);
 static bool check_kafka_properties(char **newval, void **extra,
 								   GucSource source);
+static const char *show_kafka_properties(void);
+static bool check_allowed_topics(char **newval, void **extra,
+								 GucSource source);
+static void assign_allowed_topics(const char *newval, void *extra);
+static void outbox_emit_log_hook(ErrorData *edata);
+
+static emit_log_hook_type prev_emit_log_hook = NULL;
 
 /*
  * outbox_define_gucs
@@ -108,7 +128,7 @@ outbox_define_gucs(void)
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
-							   check_kafka_properties, NULL, NULL);
+							   check_kafka_properties, NULL, show_kafka_properties);
 
 	DefineCustomIntVariable("outbox.retention",
 							"How long published events are kept before the relay deletes them.",
@@ -156,7 +176,30 @@ outbox_define_gucs(void)
 							 0,
 							 NULL, NULL, NULL);
 
+	DefineCustomStringVariable("outbox.allowed_topics",
+							   "Topics outbox.emit() and outbox.capture() accept, comma-separated.",
+							   "An entry ending in * allows every topic that starts with the rest. Empty allows every topic.",
+							   &outbox_allowed_topics,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   check_allowed_topics, assign_allowed_topics, NULL);
+
+	DefineCustomStringVariable("outbox.role",
+							   "Role the relay worker connects as.",
+							   "Empty means the bootstrap superuser. The role needs LOGIN, USAGE on schema outbox, SELECT, UPDATE, DELETE on outbox.events and SELECT on outbox.relay.",
+							   &outbox_role,
+							   "",
+							   process_shared_preload_libraries_in_progress ?
+							   PGC_POSTMASTER : PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("outbox");
+
+	/* keep secrets of outbox.kafka_properties out of the server log */
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = outbox_emit_log_hook;
 }
 
 /*
@@ -185,6 +228,34 @@ check_topic_prefix(char **newval, void **extra, GucSource source)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * Properties that load code or run commands in the server process.  Being
+ * allowed to set outbox.kafka_properties (a superuser, or a role granted SET
+ * on it) must never amount to running arbitrary code as the postgres user.
+ */
+static const char *const forbidden_kafka_properties[] = {
+	"plugin.library.paths",
+	"ssl.engine.location",
+	"ssl.engine.id",
+	"ssl_engine_callback_data",
+	"ssl.providers",
+	"sasl.kerberos.kinit.cmd",
+	"interceptors",
+	NULL
+};
+
+/* values of these never appear in SHOW, pg_settings or messages */
+static bool
+kafka_property_is_secret(const char *key)
+{
+	return strstr(key, "password") != NULL ||
+		strstr(key, "secret") != NULL ||
+		strstr(key, "sasl.oauthbearer.config") != NULL ||
+		strstr(key, "ssl.key.pem") != NULL ||
+		strstr(key, "ssl.keystore") != NULL ||
+		strstr(key, "sasl.username") != NULL;
 }
 
 /*
@@ -275,6 +346,15 @@ outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
 				return false;
 			}
 		}
+		for (i = 0; forbidden_kafka_properties[i] != NULL; i++)
+		{
+			if (pg_strcasecmp(key, forbidden_kafka_properties[i]) == 0 ||
+				pg_strncasecmp(key, "ssl.engine.", 11) == 0)
+			{
+				*error = psprintf("property \"%s\" would load code or run a command in the server and is not allowed", key);
+				return false;
+			}
+		}
 		if (n == cap)
 		{
 			cap *= 2;
@@ -309,4 +389,154 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * What SHOW, current_setting() and pg_settings display for
+ * outbox.kafka_properties: the properties with the values of secret ones
+ * (passwords, keys) replaced by "********", for every role.  The relay uses
+ * the real value.
+ */
+static const char *
+show_kafka_properties(void)
+{
+	static char *shown = NULL;
+	OutboxKafkaProperty *props;
+	int			nprops;
+	char	   *error;
+	StringInfoData buf;
+	MemoryContext oldcxt;
+	int			i;
+
+	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+	if (shown != NULL)
+		pfree(shown);
+	initStringInfo(&buf);
+	if (outbox_parse_kafka_properties(outbox_kafka_properties, &props, &nprops, &error))
+	{
+		for (i = 0; i < nprops; i++)
+			appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
+							 kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
+	}
+	shown = buf.data;
+	MemoryContextSwitchTo(oldcxt);
+	return shown;
+}
+
+/*
+ * Every entry must be a legal topic name, or a prefix followed by '*'.
+ * The parsed list becomes the GUC's extra, kept by the GUC machinery.
+ */
+static bool
+check_allowed_topics(char **newval, void **extra, GucSource source)
+{
+	char	   *copy = pstrdup(*newval);
+	char	   *item;
+	char	   *saveptr = NULL;
+	size_t		len = strlen(*newval) + 2;
+	char	   *list = malloc(len);	/* the GUC machinery free()s extras */
+	char	   *out = list;
+
+	if (list == NULL)
+		return false;
+	for (item = strtok_r(copy, ",", &saveptr); item != NULL;
+		 item = strtok_r(NULL, ",", &saveptr))
+	{
+		size_t		n;
+
+		item = trim_whitespace(item);
+		n = strlen(item);
+		if (n == 0)
+			continue;
+		if (item[n - 1] == '*' ?
+			strspn(item, TOPIC_CHARACTERS) != n - 1 || n - 1 >= OUTBOX_TOPIC_MAX_LEN :
+			!outbox_topic_is_legal(item, n))
+		{
+			GUC_check_errdetail("\"%s\" is neither a legal Kafka topic name nor a prefix followed by *.", item);
+			free(list);
+			return false;
+		}
+		memcpy(out, item, n + 1);
+		out += n + 1;
+	}
+	*out = '\0';
+	*extra = list;
+	return true;
+}
+
+static void
+assign_allowed_topics(const char *newval, void *extra)
+{
+	allowed_topic_list = (const char *) extra;
+}
+
+/*
+ * outbox_topic_is_allowed
+ *		True if outbox.allowed_topics is empty, names this topic, or has an
+ *		entry "prefix*" that the topic starts with.
+ */
+bool
+outbox_topic_is_allowed(const char *topic)
+{
+	const char *entry;
+
+	if (allowed_topic_list == NULL || allowed_topic_list[0] == '\0')
+		return true;
+	for (entry = allowed_topic_list; *entry; entry += strlen(entry) + 1)
+	{
+		size_t		n = strlen(entry);
+
+		if (entry[n - 1] == '*' ? strncmp(topic, entry, n - 1) == 0
+			: strcmp(topic, entry) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * True if s contains "kafka_properties", ignoring case: SQL that sets the
+ * parameter may spell it in any case.
+ */
+static bool
+mentions_kafka_properties(const char *s)
+{
+	const char *needle = "kafka_properties";
+	size_t		n = strlen(needle);
+
+	for (; s != NULL && *s; s++)
+	{
+		if (pg_strncasecmp(s, needle, n) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * emit_log_hook: PostgreSQL itself would write the value of
+ * outbox.kafka_properties to the server log when a reload changes it
+ * ("parameter ... changed to ..."), and any statement that sets it
+ * (log_statement, or the STATEMENT line after an error).  Those may hold
+ * SASL or TLS key passwords, so such lines are replaced or shortened here.
+ */
+static void
+outbox_emit_log_hook(ErrorData *edata)
+{
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
+	if (!edata->output_to_server)
+		return;
+
+	if (edata->message != NULL && mentions_kafka_properties(edata->message) &&
+		edata->message_id != NULL &&
+		strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0)
+		edata->message = pstrdup("parameter \"outbox.kafka_properties\" changed (value not logged)");
+
+	if (debug_query_string != NULL && mentions_kafka_properties(debug_query_string))
+	{
+		/* the STATEMENT: line after an error */
+		edata->hide_stmt = true;
+		/* log_statement and log_min_duration_statement lines quote it whole */
+		if (edata->message != NULL && strstr(edata->message, debug_query_string) != NULL)
+			edata->message = pstrdup("statement: (a statement mentioning outbox.kafka_properties, not logged)");
+	}
 }

@@ -1,10 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * ops.c
- *	  Operations on the outbox from SQL: requeueing failed events.
+ *	  Operations on the outbox from SQL: requeue failed events, pause and
+ *	  resume the relay, replay kept events, purge published ones.
  *
  * These run in the caller's transaction, like emit(), and wake the relay
- * when that transaction commits so the requeued events go out at once.
+ * when that transaction commits so that what they changed takes effect at
+ * once.  They are SECURITY DEFINER with a fixed search_path (see the install
+ * script); PUBLIC may not execute them.
  *
  *-------------------------------------------------------------------------
  */
@@ -13,9 +16,16 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 PG_FUNCTION_INFO_V1(outbox_retry_failed_all);
 PG_FUNCTION_INFO_V1(outbox_retry_failed_one);
+PG_FUNCTION_INFO_V1(outbox_pause);
+PG_FUNCTION_INFO_V1(outbox_resume);
+PG_FUNCTION_INFO_V1(outbox_replay_since);
+PG_FUNCTION_INFO_V1(outbox_replay_range);
+PG_FUNCTION_INFO_V1(outbox_purge);
 
 /*
  * Clearing the backoff and the permanent-failure count gives the event a
@@ -26,8 +36,12 @@ PG_FUNCTION_INFO_V1(outbox_retry_failed_one);
 	"   SET failed_at = NULL, permanent_failures = 0, next_attempt_at = NULL" \
 	" WHERE published_at IS NULL AND failed_at IS NOT NULL"
 
+/*
+ * Run one data-modifying statement and return the number of rows it
+ * changed; wake the relay at commit if wake and anything changed.
+ */
 static uint64
-requeue(const char *sql, int nargs, Oid *argtypes, Datum *values)
+run(const char *sql, int nargs, Oid *argtypes, Datum *values, bool wake)
 {
 	int			ret;
 	uint64		n;
@@ -35,15 +49,21 @@ requeue(const char *sql, int nargs, Oid *argtypes, Datum *values)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	ret = SPI_execute_with_args(sql, nargs, argtypes, values, NULL, false, 0);
-	if (ret != SPI_OK_UPDATE)
-		elog(ERROR, "could not requeue failed events: %s",
+	if (ret != SPI_OK_UPDATE && ret != SPI_OK_DELETE)
+		elog(ERROR, "outbox: \"%s\" failed: %s", sql,
 			 SPI_result_code_string(ret));
 	n = SPI_processed;
 	SPI_finish();
 
-	if (n > 0)
+	if (n > 0 && wake)
 		outbox_register_wakeup_at_commit();
 	return n;
+}
+
+static uint64
+requeue(const char *sql, int nargs, Oid *argtypes, Datum *values)
+{
+	return run(sql, nargs, argtypes, values, true);
 }
 
 /*
@@ -75,4 +95,111 @@ outbox_retry_failed_one(PG_FUNCTION_ARGS)
 
 	PG_RETURN_BOOL(requeue(REQUEUE_SET " AND event_id OPERATOR(pg_catalog.=) $1", 1, argtypes,
 						   values) > 0);
+}
+
+/*
+ * outbox_pause
+ *		SQL: outbox.pause() RETURNS void
+ *
+ * Sets outbox.relay.paused.  The relay finishes the batch in flight and
+ * then claims nothing until outbox.resume(); the flag is in a table, so a
+ * pause survives restarts.
+ */
+Datum
+outbox_pause(PG_FUNCTION_ARGS)
+{
+	run("UPDATE outbox.relay SET paused = true,"
+		" paused_at = pg_catalog.clock_timestamp(), paused_by = session_user"
+		" WHERE NOT paused", 0, NULL, NULL, false);
+	/* wake the relay even if it was paused already: it shows the state */
+	outbox_register_wakeup_at_commit();
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_resume
+ *		SQL: outbox.resume() RETURNS void
+ */
+Datum
+outbox_resume(PG_FUNCTION_ARGS)
+{
+	run("UPDATE outbox.relay SET paused = false, paused_at = NULL, paused_by = NULL"
+		" WHERE paused", 0, NULL, NULL, false);
+	outbox_register_wakeup_at_commit();
+	PG_RETURN_VOID();
+}
+
+/*
+ * Marking kept events unpublished is all a replay takes: the relay sends
+ * them again in id order with their original event ids (consumers that
+ * de-duplicate by id will see them as duplicates, by design).
+ */
+#define REPLAY_SET \
+	"UPDATE outbox.events SET published_at = NULL, next_attempt_at = NULL" \
+	" WHERE published_at IS NOT NULL"
+
+/*
+ * outbox_replay_since
+ *		SQL: outbox.replay(since timestamptz) RETURNS bigint
+ *
+ * Requeues every kept (published, not yet deleted) event created at or
+ * after since; returns how many.
+ */
+Datum
+outbox_replay_since(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		values[1] = {PG_GETARG_DATUM(0)};
+
+	PG_RETURN_INT64((int64) run(REPLAY_SET " AND created_at >= $1", 1, argtypes,
+								values, true));
+}
+
+/*
+ * outbox_replay_range
+ *		SQL: outbox.replay(from_id bigint, to_id bigint) RETURNS bigint
+ *
+ * Requeues the kept, published events with from_id <= id <= to_id.
+ * 22023 if from_id > to_id.
+ */
+Datum
+outbox_replay_range(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[2] = {INT8OID, INT8OID};
+	Datum		values[2] = {PG_GETARG_DATUM(0), PG_GETARG_DATUM(1)};
+
+	if (PG_GETARG_INT64(0) > PG_GETARG_INT64(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("from_id (" INT64_FORMAT ") must not be greater than to_id (" INT64_FORMAT ")",
+						PG_GETARG_INT64(0), PG_GETARG_INT64(1))));
+	PG_RETURN_INT64((int64) run(REPLAY_SET " AND id BETWEEN $1 AND $2", 2,
+								argtypes, values, true));
+}
+
+/*
+ * outbox_purge
+ *		SQL: outbox.purge(older_than interval) RETURNS bigint
+ *
+ * Deletes published events published more than older_than ago, at once
+ * (the relay does the same by itself after outbox.retention).  Pending and
+ * failed events are never deleted.  22023 for a negative interval.
+ */
+Datum
+outbox_purge(PG_FUNCTION_ARGS)
+{
+	Interval   *older_than = PG_GETARG_INTERVAL_P(0);
+	Interval	zero = {0};
+	Oid			argtypes[1] = {INTERVALOID};
+	Datum		values[1] = {PG_GETARG_DATUM(0)};
+
+	if (DatumGetBool(DirectFunctionCall2(interval_lt, IntervalPGetDatum(older_than),
+										 IntervalPGetDatum(&zero))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("older_than must not be negative")));
+	PG_RETURN_INT64((int64) run("DELETE FROM outbox.events"
+								" WHERE published_at IS NOT NULL"
+								"   AND published_at < pg_catalog.clock_timestamp() - $1",
+								1, argtypes, values, false));
 }

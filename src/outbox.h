@@ -19,6 +19,8 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "utils/jsonb.h"
+#include "utils/uuid.h"
 #include "storage/latch.h"
 #include "storage/spin.h"
 
@@ -52,6 +54,10 @@ extern int	outbox_delivery_timeout;	/* ms: message.timeout.ms */
 extern int	outbox_retry_backoff_max;	/* ms: cap of the per-event backoff */
 extern int	outbox_max_attempts;		/* permanent failures before "failed" */
 extern int	outbox_on_failed_event;		/* OUTBOX_ON_FAILED_* */
+extern char *outbox_allowed_topics;	/* topics emit() accepts; '' = all */
+extern char *outbox_role;				/* role the relay runs as; '' = superuser */
+
+extern bool outbox_topic_is_allowed(const char *topic);
 
 /* outbox.on_failed_event: later events of a failed event's aggregate ... */
 #define OUTBOX_ON_FAILED_HOLD	0	/* ... wait behind it */
@@ -86,7 +92,8 @@ typedef enum OutboxRelayState
 	OUTBOX_STATE_CONFIG_ERROR,
 	OUTBOX_STATE_IDLE,
 	OUTBOX_STATE_PUBLISHING,
-	OUTBOX_STATE_BROKER_DOWN
+	OUTBOX_STATE_BROKER_DOWN,
+	OUTBOX_STATE_PAUSED
 } OutboxRelayState;
 
 typedef struct OutboxShared
@@ -124,9 +131,22 @@ extern const char *outbox_state_name(OutboxRelayState state);
 extern void outbox_wake_worker(void);
 
 /*
- * emit.c
+ * emit.c: writing events
  */
+typedef struct OutboxEvent
+{
+	text	   *aggregate_type;
+	text	   *aggregate_id;
+	text	   *event_type;
+	Jsonb	   *payload;		/* NULL: tombstone */
+	Jsonb	   *headers;		/* NULL: none */
+	text	   *topic;			/* NULL: routed */
+} OutboxEvent;
+
 extern bool outbox_topic_is_legal(const char *topic, int len);
+extern void outbox_validate_topic(text *topic, text *aggregate_type,
+								  const char *context);
+extern pg_uuid_t *outbox_insert_event(const OutboxEvent *event);
 extern void outbox_register_wakeup_at_commit(void);
 
 /*

@@ -184,11 +184,13 @@ static SPIPlanPtr delete_published_plan = NULL;
 static SPIPlanPtr mark_failed_plan_v10 = NULL;
 static SPIPlanPtr mark_failed_plan = NULL;
 static SPIPlanPtr cleanup_plan = NULL;
+static SPIPlanPtr paused_plan = NULL;
 
 static SPIPlanPtr prepare_plan(SPIPlanPtr *cache, const char *sql,
 							   int nargs, Oid *argtypes);
 static Oid	lock_events_table(void);
 static ClaimVariant claim_variant(Oid relid);
+static bool relay_is_paused(Oid events_relid);
 /* the batch being produced */
 typedef struct Batch
 {
@@ -258,6 +260,17 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	outbox_producer_begin_batch(producer, outbox_batch_size);
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
 								   ALLOCSET_DEFAULT_SIZES);
+
+	if (relay_is_paused(relid))
+	{
+		result->paused = true;
+		SPI_finish();
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		pgstat_report_activity(STATE_IDLE, NULL);
+		MemoryContextSwitchTo(callercxt);
+		return;
+	}
 
 	variant = claim_variant(relid);
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
@@ -332,6 +345,27 @@ lock_events_table(void)
 
 	return RangeVarGetRelidExtended(rv, RowExclusiveLock, RVR_MISSING_OK,
 									NULL, NULL);
+}
+
+/*
+ * True if outbox.pause() paused the relay.  Schemas before 1.2 have no
+ * outbox.relay table and cannot be paused.
+ */
+static bool
+relay_is_paused(Oid events_relid)
+{
+	bool		isnull;
+	Datum		paused;
+
+	if (!OidIsValid(get_relname_relid("relay", get_rel_namespace(events_relid))))
+		return false;
+	if (SPI_execute_plan(prepare_plan(&paused_plan, "SELECT paused FROM outbox.relay",
+									  0, NULL), NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read outbox.relay");
+	if (SPI_processed == 0)
+		return false;
+	paused = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return !isnull && DatumGetBool(paused);
 }
 
 /*

@@ -14,6 +14,7 @@
 typedef struct OutboxBatchResult
 {
 	bool		table_missing;	/* outbox.events does not exist (yet) */
+	bool		paused;			/* outbox.pause() is in effect */
 	int			claimed;		/* rows read from the table */
 	int			published;		/* acknowledged by Kafka, marked published */
 	int			failed_permanent;	/* refused by Kafka or invalid */

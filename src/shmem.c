@@ -196,6 +196,8 @@ outbox_state_name(OutboxRelayState state)
 			return "publishing";
 		case OUTBOX_STATE_BROKER_DOWN:
 			return "broker_down";
+		case OUTBOX_STATE_PAUSED:
+			return "paused";
 	}
 	return "unknown";
 }

@@ -31,6 +31,9 @@
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "tcop/tcopprot.h"
+#include "catalog/pg_authid.h"
+#include "utils/acl.h"
+#include "utils/syscache.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -160,7 +163,9 @@ connect_to_database(void)
 		wait_for_database();
 
 	/* a FATAL error here leaves database_missing set for the next start */
-	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	BackgroundWorkerInitializeConnection(outbox_database,
+										 outbox_role[0] != '\0' ? outbox_role : NULL,
+										 0);
 
 	if (outbox_shared != NULL)
 	{
@@ -171,8 +176,28 @@ connect_to_database(void)
 }
 
 /*
- * Wait, connected to no database, until outbox.database exists; then exit
- * so that the postmaster starts a worker that connects to it.
+ * True if the role exists and has LOGIN, which a background worker's
+ * connection needs as much as a client's.
+ */
+static bool
+role_can_log_in(const char *name)
+{
+	HeapTuple	tuple = SearchSysCache1(AUTHNAME, PointerGetDatum(name));
+	bool		result;
+
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	result = ((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin;
+	ReleaseSysCache(tuple);
+	return result;
+}
+
+/*
+ * Wait, connected to no database, until outbox.database (and outbox.role,
+ * if set) exist; then exit so that the postmaster starts a worker that
+ * connects to them.  A connection refused for another reason (e.g. the role
+ * may not log in) is retried every few seconds, each time with its FATAL
+ * message, which says why.
  */
 static void
 wait_for_database(void)
@@ -189,7 +214,8 @@ wait_for_database(void)
 
 		CHECK_FOR_INTERRUPTS();
 		StartTransactionCommand();
-		exists = OidIsValid(get_database_oid(outbox_database, true));
+		exists = OidIsValid(get_database_oid(outbox_database, true)) &&
+			(outbox_role[0] == '\0' || role_can_log_in(outbox_role));
 		CommitTransactionCommand();
 
 		if (exists)
@@ -205,9 +231,10 @@ wait_for_database(void)
 		if (!logged)
 		{
 			ereport(LOG,
-					(errmsg("outbox relay is waiting for database \"%s\" to exist",
-							outbox_database),
-					 errhint("Create the database, or set outbox.database and restart the server.")));
+					(errmsg("outbox relay is waiting for database \"%s\" to exist", outbox_database),
+					 outbox_role[0] != '\0' ?
+					 errdetail("It connects as role \"%s\", which must exist and have LOGIN.", outbox_role) : 0,
+					 errhint("Create them, or change outbox.database or outbox.role and restart the server.")));
 			logged = true;
 		}
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
@@ -340,6 +367,11 @@ relay_step(void)
 	if (result.table_missing)
 	{
 		outbox_enter_state(OUTBOX_STATE_WAITING_FOR_EXTENSION, NULL);
+		return outbox_poll_interval;
+	}
+	if (result.paused)
+	{
+		outbox_enter_state(OUTBOX_STATE_PAUSED, NULL);
 		return outbox_poll_interval;
 	}
 
@@ -501,11 +533,18 @@ outbox_enter_state(OutboxRelayState new_state, const char *error)
 					(errmsg("outbox relay is waiting for CREATE EXTENSION outbox in database \"%s\"",
 							outbox_database)));
 			break;
+		case OUTBOX_STATE_PAUSED:
+			ereport(LOG,
+					(errmsg("outbox relay is paused"),
+					 errdetail("Events wait in outbox.events until SELECT outbox.resume().")));
+			break;
 		default:
 			if (old_state == OUTBOX_STATE_BROKER_DOWN)
 				ereport(LOG,
 						(errmsg("outbox relay reached Kafka again at \"%s\"",
 								outbox_bootstrap_servers)));
+			else if (old_state == OUTBOX_STATE_PAUSED)
+				ereport(LOG, (errmsg("outbox relay resumed")));
 			break;
 	}
 }

@@ -1,0 +1,251 @@
+/*-------------------------------------------------------------------------
+ *
+ * capture.c
+ *	  outbox.capture(): a trigger that turns row changes into events.
+ *
+ *	  CREATE TRIGGER orders_outbox
+ *		  AFTER INSERT OR UPDATE OR DELETE ON orders
+ *		  FOR EACH ROW EXECUTE FUNCTION outbox.capture('order', 'id');
+ *
+ * Each fired row becomes one event, written with the same code as emit()
+ * in the same transaction, so a rolled-back change never publishes.
+ *
+ *	event_type		<table>.created, <table>.updated or <table>.deleted,
+ *					where <table> is the table the change happened in, or
+ *					the root of its partition tree for a partition
+ *	aggregate_id	the key column(s) of the new row (the old one for a
+ *					DELETE); with several columns, their text values joined
+ *					by ':', each with '\' and ':' escaped by a '\', so that
+ *					different keys never give the same id
+ *	payload			{"op": "created"|"updated"|"deleted",
+ *					 "table": "<schema>.<table>",
+ *					 "before": <old row> | null, "after": <new row> | null}
+ *					rows as row_to_json() renders them: every column by
+ *					name, numeric exact, timestamps ISO 8601, bytea as
+ *					"\x..." hex, arrays as JSON arrays, NULL as null
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+
+#include "catalog/partition.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+
+PG_FUNCTION_INFO_V1(outbox_capture);
+
+static char *trigger_context(TriggerData *trigdata);
+static text *aggregate_id_of(TriggerData *trigdata, HeapTuple tuple,
+							 const char *key_columns, const char *context);
+static void append_row_json(StringInfo buf, HeapTuple tuple, TupleDesc tupdesc);
+
+/*
+ * outbox_capture
+ *		Trigger function: AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW
+ *		EXECUTE FUNCTION outbox.capture(aggregate_type, key_columns
+ *		[, topic]).
+ *
+ * key_columns is one column name or several separated by commas; topic is
+ * optional (empty or absent = routed by aggregate_type).  Errors name the
+ * trigger and table:
+ *	42P17 (invalid_object_definition): not AFTER ... FOR EACH ROW, TRUNCATE,
+ *		  wrong number of arguments, empty aggregate type or key list;
+ *	42703 (undefined_column): a key column the table does not have;
+ *	22004 (null_value_not_allowed): a key column is NULL in the row;
+ *	22023, 42501: the topic, as for outbox.emit().
+ */
+Datum
+outbox_capture(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Trigger    *trigger;
+	Relation	rel;
+	char	   *context;
+	Oid			root;
+	const char *op;
+	HeapTuple	before = NULL;
+	HeapTuple	after = NULL;
+	StringInfoData payload;
+	OutboxEvent event;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox.capture() can only be called as a trigger")));
+
+	trigger = trigdata->tg_trigger;
+	rel = trigdata->tg_relation;
+	context = trigger_context(trigdata);
+
+	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		TRIGGER_FIRED_BY_TRUNCATE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("%soutbox.capture() must be fired AFTER INSERT, UPDATE or DELETE ... FOR EACH ROW",
+						context)));
+	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("%soutbox.capture() takes 2 or 3 arguments, got %d",
+						context, trigger->tgnargs),
+				 errhint("EXECUTE FUNCTION outbox.capture('aggregate_type', 'key_column[,key_column...]' [, 'topic'])")));
+	if (trigger->tgargs[0][0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("%sthe aggregate type (argument 1) must not be empty", context)));
+
+	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+	{
+		op = "created";
+		after = trigdata->tg_trigtuple;
+	}
+	else if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+	{
+		op = "updated";
+		before = trigdata->tg_trigtuple;
+		after = trigdata->tg_newtuple;
+	}
+	else
+	{
+		op = "deleted";
+		before = trigdata->tg_trigtuple;
+	}
+
+	/* a partition reports as the partitioned table it belongs to */
+	root = RelationGetRelid(rel);
+	if (rel->rd_rel->relispartition)
+		root = llast_oid(get_partition_ancestors(root));
+
+	event.aggregate_type = cstring_to_text(trigger->tgargs[0]);
+	event.aggregate_id = aggregate_id_of(trigdata, after ? after : before,
+										 trigger->tgargs[1], context);
+	event.event_type = cstring_to_text(psprintf("%s.%s", get_rel_name(root), op));
+	event.headers = NULL;
+	event.topic = trigger->tgnargs == 3 && trigger->tgargs[2][0] != '\0' ?
+		cstring_to_text(trigger->tgargs[2]) : NULL;
+	outbox_validate_topic(event.topic, event.aggregate_type, context);
+
+	initStringInfo(&payload);
+	appendStringInfoString(&payload, "{\"op\": ");
+	escape_json(&payload, op);
+	appendStringInfoString(&payload, ", \"table\": ");
+	escape_json(&payload, psprintf("%s.%s",
+								   get_namespace_name(get_rel_namespace(root)),
+								   get_rel_name(root)));
+	appendStringInfoString(&payload, ", \"before\": ");
+	append_row_json(&payload, before, RelationGetDescr(rel));
+	appendStringInfoString(&payload, ", \"after\": ");
+	append_row_json(&payload, after, RelationGetDescr(rel));
+	appendStringInfoChar(&payload, '}');
+	event.payload = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+													   CStringGetDatum(payload.data)));
+
+	outbox_insert_event(&event);
+
+	return PointerGetDatum(NULL);
+}
+
+static char *
+trigger_context(TriggerData *trigdata)
+{
+	return psprintf("trigger \"%s\" on table \"%s\": ",
+					trigdata->tg_trigger->tgname,
+					RelationGetRelationName(trigdata->tg_relation));
+}
+
+/*
+ * Append one key value to the aggregate id, escaping the separator.
+ */
+static void
+append_escaped(StringInfo buf, const char *value)
+{
+	for (; *value; value++)
+	{
+		if (*value == '\\' || *value == ':')
+			appendStringInfoChar(buf, '\\');
+		appendStringInfoChar(buf, *value);
+	}
+}
+
+/*
+ * The aggregate id: the text form of the key column(s) of tuple.
+ */
+static text *
+aggregate_id_of(TriggerData *trigdata, HeapTuple tuple, const char *key_columns,
+				const char *context)
+{
+	TupleDesc	tupdesc = RelationGetDescr(trigdata->tg_relation);
+	char	   *copy = pstrdup(key_columns);
+	char	   *saveptr = NULL;
+	char	   *name;
+	List	   *names = NIL;
+	StringInfoData id;
+	ListCell   *lc;
+
+	for (name = strtok_r(copy, ",", &saveptr); name != NULL;
+		 name = strtok_r(NULL, ",", &saveptr))
+	{
+		while (*name == ' ')
+			name++;
+		while (*name && name[strlen(name) - 1] == ' ')
+			name[strlen(name) - 1] = '\0';
+		if (*name)
+			names = lappend(names, name);
+	}
+	if (names == NIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("%sthe key columns (argument 2) must name at least one column", context)));
+
+	initStringInfo(&id);
+	foreach(lc, names)
+	{
+		char	   *column = (char *) lfirst(lc);
+		int			attnum = SPI_fnumber(tupdesc, column);
+		char	   *value;
+
+		if (attnum == SPI_ERROR_NOATTRIBUTE || attnum <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_COLUMN),
+					 errmsg("%skey column \"%s\" does not exist", context, column),
+					 errhint("The second argument of outbox.capture() lists the key columns, separated by commas.")));
+		value = SPI_getvalue(tuple, tupdesc, attnum);
+		if (value == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%skey column \"%s\" is null", context, column),
+					 errdetail("The key columns make the event's aggregate id, which cannot be null.")));
+		if (list_length(names) == 1)
+			return cstring_to_text(value);
+		if (foreach_current_index(lc) > 0)
+			appendStringInfoChar(&id, ':');
+		append_escaped(&id, value);
+	}
+	return cstring_to_text(id.data);
+}
+
+/*
+ * Append the row as a JSON object (row_to_json), or null.
+ */
+static void
+append_row_json(StringInfo buf, HeapTuple tuple, TupleDesc tupdesc)
+{
+	Datum		row;
+	Datum		json;
+
+	if (tuple == NULL)
+	{
+		appendStringInfoString(buf, "null");
+		return;
+	}
+	row = heap_copy_tuple_as_datum(tuple, tupdesc);
+	json = DirectFunctionCall1(row_to_json, row);
+	appendStringInfoString(buf, text_to_cstring(DatumGetTextPP(json)));
+}

@@ -1,0 +1,179 @@
+"""
+Extreme and awkward data through outbox.emit() and the relay to the real broker: a payload just
+under Kafka's 1 MiB limit, 4-byte UTF-8 (emoji, CJK extension B) in the key, the headers, the
+event/aggregate type and the payload, a 1 KB aggregate id, an empty header object, a NULL payload
+(tombstone), JSON null and other scalar payloads.  Each message is checked byte for byte: key,
+header names/values in order, value (= PostgreSQL's jsonb text of the row), partition (the Java
+client's murmur2 choice) and timestamp.  JSON with \\u0000 is refused by jsonb itself (22P05)
+before emit() runs, and nothing is written.
+"""
+import collections
+import json
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+from conftest import (create_topics, emit, java_partition, message_problems, new_aggregate_type,
+                      query_one, report, unique_messages)
+
+# 4-byte UTF-8: U+1F600 (emoji), U+2000B (CJK extension B), U+1D11E (musical symbol)
+EMOJI, CJK_B, CLEF = "\U0001F600", "\U0002000B", "\U0001D11E"
+UTF8_ID = f"客户-{EMOJI}-{CJK_B}-漢字"
+BIG_VALUE_BYTES = 1_048_000          # value size; the limit is 1048588 for the whole record batch
+
+
+def big_payload():
+    """A payload whose jsonb text is exactly BIG_VALUE_BYTES bytes, with multi-byte characters
+    and escapes so that byte-exactness means something."""
+    head = {"kind": "big", "text": f"ä\"\\\t{EMOJI}{CJK_B}", "n": 1.50}
+    base = len(json.dumps({**head, "blob": ""}, ensure_ascii=False, separators=(", ", ": ")).encode())
+    return {**head, "blob": "z" * (BIG_VALUE_BYTES - base)}
+
+
+CASES = [
+    # name, aggregate_id, event_type, payload (python; None = SQL NULL), headers, sql payload override
+    ("big_1mb", "big-1", "it.big", big_payload(), None, None),
+    ("utf8", UTF8_ID, f"it.utf8.{EMOJI}", {"emoji": EMOJI, "cjk": f"{CJK_B}漢字", "clef": CLEF,
+                                            f"key-{EMOJI}": [EMOJI, {"x": CJK_B}]},
+     {"trace": f"{EMOJI}{EMOJI}", f"名前-{CJK_B}": f"値-{CLEF}", "plain": "ascii"}, None),
+    ("long_id", "k" * 1000 + EMOJI * 6, "it.long", {"n": 1}, {"h": "v"}, None),   # 1024 bytes
+    ("empty_headers", "eh-1", "it.empty", {"n": 2}, {}, None),
+    ("null_headers", "eh-2", "it.nullh", {"n": 3}, None, None),
+    ("tombstone", "ts-1", "it.tombstone", None, None, None),
+    ("json_null", "jn-1", "it.jsonnull", None, None, "null"),
+    ("json_string", "js-1", "it.scalar", None, None, json.dumps(f"text {EMOJI}", ensure_ascii=False)),
+    ("json_number", "jn-2", "it.scalar", None, None, "12.50"),
+    ("json_array", "ja-1", "it.scalar", None, None, '[true, false, null, "\\u00e9"]'),
+]
+
+
+def emit_raw(cur, agg_type, agg_id, event_type, payload_sql, headers):
+    cur.execute("SELECT outbox.emit(%s, %s, %s, %s::jsonb, %s::jsonb)",
+                (agg_type, agg_id, event_type, payload_sql,
+                 None if headers is None else json.dumps(headers, ensure_ascii=False)))
+    return str(cur.fetchone()[0])
+
+
+def test_extreme_data_arrives_byte_exact(env, conn, prefix, reader_factory):
+    agg_type = new_aggregate_type("baddata")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    assert len(("k" * 1000 + EMOJI * 6).encode()) == 1024
+
+    ids = {}
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        for name, agg_id, event_type, payload, headers, raw in CASES:
+            if raw is not None:
+                ids[name] = emit_raw(cur, agg_type, agg_id, event_type, raw, headers)
+            else:
+                ids[name] = emit(cur, agg_type, agg_id, event_type, payload, headers)
+        # an aggregate_type with 4-byte UTF-8 needs an explicit (ASCII) topic
+        utf8_type = f"{agg_type}-{EMOJI}{CJK_B}"
+        ids["utf8_type"] = emit(cur, utf8_type, "ut-1", "it.type", {"n": 4}, topic=topic)
+    conn.commit()
+    conn.autocommit = True
+
+    msgs = unique_messages(reader.read_until(len(ids), timeout=60, extra=2))
+    by_id = collections.defaultdict(list)
+    for m in msgs:
+        by_id[m.event_id].append(m)
+    assert set(by_id) == set(ids.values()), \
+        f"missing {sorted(set(ids) - {k for k, v in ids.items() if v in by_id})}, got {len(msgs)} messages"
+    dups = {k: len(by_id[v]) for k, v in ids.items() if len(by_id[v]) != 1}
+    assert not dups, f"duplicates: {dups}"
+
+    # what PostgreSQL stored: the relay must send exactly this text
+    with conn.cursor() as cur:
+        cur.execute("""SELECT event_id::text, aggregate_type, aggregate_id, event_type,
+                              convert_to(payload::text, 'UTF8'), headers,
+                              floor(extract(epoch FROM created_at) * 1000)::bigint, published_at
+                         FROM outbox.events WHERE event_id = ANY(%s::uuid[])""", (list(ids.values()),))
+        stored = {r[0]: r[1:] for r in cur.fetchall()}
+    problems = []
+    sizes = {}
+    spec = {c[0]: c for c in CASES}
+    for name, eid in ids.items():
+        m = by_id[eid][0]
+        a_type, agg_id, event_type, value, headers, created_ms, published_at = stored[eid]
+        value = None if value is None else bytes(value)
+        if published_at is None:
+            problems.append(f"{name}: row not marked published")
+        found = message_problems(
+            m, event_id=eid, aggregate_type=a_type, aggregate_id=agg_id, event_type=event_type,
+            payload=None if value is None else json.loads(value), headers=headers, topic=topic,
+            created_ms=created_ms)
+        if value == b"null":        # JSON null: message_problems would want a tombstone
+            found = [p for p in found if "expected a tombstone" not in p]
+        problems += [f"{name}: {p}" for p in found]
+        if m.value != value:
+            problems.append(f"{name}: value bytes differ ({len(m.value or b'')} received,"
+                            f" {len(value or b'')} stored)")
+        # bytes on the wire, not only decoded strings
+        want_headers = [("id", eid.encode()), ("event_type", event_type.encode()),
+                        ("aggregate_type", a_type.encode())] + \
+            [(k, v.encode()) for k, v in (headers or {}).items()]
+        got_headers = [(k, bytes(v)) for k, v in m.headers]
+        if sorted(got_headers[3:]) != sorted(want_headers[3:]) or got_headers[:3] != want_headers[:3]:
+            problems.append(f"{name}: headers {got_headers!r}, expected {want_headers!r}")
+        if m.partition != java_partition(agg_id):
+            problems.append(f"{name}: partition {m.partition}, murmur2 says {java_partition(agg_id)}")
+        sizes[name] = len(m.value) if m.value is not None else None
+        if name in spec and spec[name][5] is None and spec[name][3] is not None:
+            if json.loads(m.value) != spec[name][3]:
+                problems.append(f"{name}: payload differs from what the test emitted")
+    assert not problems, "\n".join(problems)
+
+    # the specific expectations, spelled out
+    assert by_id[ids["tombstone"]][0].value is None
+    assert by_id[ids["json_null"]][0].value == b"null"
+    assert by_id[ids["json_number"]][0].value == b"12.50"
+    assert by_id[ids["json_array"]][0].value == '[true, false, null, "é"]'.encode()
+    assert by_id[ids["json_string"]][0].value == json.dumps(f"text {EMOJI}", ensure_ascii=False).encode()
+    for name in ("empty_headers", "null_headers", "tombstone"):
+        assert [h[0] for h in by_id[ids[name]][0].headers] == ["id", "event_type", "aggregate_type"], name
+    assert sizes["big_1mb"] == BIG_VALUE_BYTES
+    u = by_id[ids["utf8"]][0]
+    assert u.key == UTF8_ID and len(UTF8_ID.encode()) > len(UTF8_ID)
+    assert dict(u.headers)["trace"] == (EMOJI * 2).encode()
+    assert by_id[ids["long_id"]][0].key.encode() == ("k" * 1000 + EMOJI * 6).encode()
+    assert by_id[ids["utf8_type"]][0].header_dict["aggregate_type"] == utf8_type
+    report(f"OUTBOX BAD DATA: {len(ids)} events byte-exact (key, headers, value, partition, timestamp):"
+           f" {sizes['big_1mb']}-byte payload, 4-byte UTF-8 in key/headers/types/payload, 1024-byte key"
+           f" (partition {by_id[ids['long_id']][0].partition}), '{{}}' and NULL headers -> 3 headers,"
+           f" NULL payload -> tombstone, JSON null -> b'null', scalars and arrays as jsonb text")
+
+
+@pytest.mark.parametrize("where", ["payload", "nested payload key", "header value"])
+def test_nul_escape_is_refused_by_jsonb_and_writes_nothing(env, conn, where):
+    agg_type = new_aggregate_type("nul")
+    payload, headers = '{"a": 1}', None
+    if where == "payload":
+        payload = '{"a": "x\\u0000y"}'
+    elif where == "nested payload key":
+        payload = '{"a": {"k\\u0000": 1}}'
+    else:
+        headers = '{"h": "x\\u0000"}'
+    conn.autocommit = False
+    with pytest.raises(psycopg2.errors.UntranslatableCharacter) as e:
+        with conn.cursor() as cur:
+            cur.execute("SELECT outbox.emit(%s, 'nul-1', 'it.nul', %s::jsonb, %s::jsonb)",
+                        (agg_type, payload, headers))
+    conn.rollback()
+    conn.autocommit = True
+    err = e.value
+    assert err.pgcode == "22P05", err.pgcode
+    assert err.diag.message_primary == "unsupported Unicode escape sequence", err.diag.message_primary
+    assert err.diag.message_detail == "\\u0000 cannot be converted to text.", err.diag.message_detail
+    assert query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s",
+                     (agg_type,))[0] == 0
+    # and a raw NUL byte never reaches the server (text cannot hold it)
+    with pytest.raises(ValueError):
+        with conn.cursor() as cur:
+            cur.execute("SELECT outbox.emit(%s, %s, 'it.nul', '{}')", (agg_type, "nul\x00id"))
+    assert query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s",
+                     (agg_type,))[0] == 0
+    report(f"OUTBOX BAD DATA \\u0000 in {where}: {err.pgcode} {err.diag.message_primary}"
+           f" ({err.diag.message_detail}); nothing written")

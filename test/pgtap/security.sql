@@ -1,0 +1,138 @@
+-- pgTAP: least privilege, run as non-superuser roles.
+-- PUBLIC may do nothing; a role granted EXECUTE on emit() can emit but not read or write the
+-- table; nothing a caller creates in public or pg_temp is used by the extension's functions.
+BEGIN;
+CREATE EXTENSION IF NOT EXISTS pgtap;
+CREATE EXTENSION outbox;
+
+SELECT plan(44);
+
+CREATE ROLE outbox_t_nobody;           -- only PUBLIC's rights
+CREATE ROLE outbox_t_app;              -- may emit
+CREATE ROLE outbox_t_monitor IN ROLE pg_monitor;
+GRANT USAGE ON SCHEMA outbox TO outbox_t_nobody, outbox_t_app;   -- so table rights are what is tested
+GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) TO outbox_t_app;
+GRANT USAGE, CREATE ON SCHEMA public TO outbox_t_nobody, outbox_t_app;
+GRANT SELECT ON pg_settings TO outbox_t_nobody;
+
+-- nothing is granted to PUBLIC
+SELECT is_empty($$
+    SELECT p.oid::regprocedure::text FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+     WHERE p.pronamespace = 'outbox'::regnamespace AND a.grantee = 0
+$$, 'PUBLIC may execute no function in schema outbox');
+SELECT is_empty($$
+    SELECT c.relname FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+     WHERE c.relnamespace = 'outbox'::regnamespace AND a.grantee = 0
+$$, 'PUBLIC has no right on any table or view in schema outbox');
+SELECT ok(NOT has_schema_privilege('public', 'outbox', 'USAGE'), 'PUBLIC has no USAGE on schema outbox');
+
+SET ROLE outbox_t_nobody;
+SELECT throws_ok($$SELECT outbox.emit('o', '1', 'e', '{}')$$, '42501', NULL, 'PUBLIC cannot emit');
+SELECT throws_ok($$SELECT outbox.pause()$$, '42501', NULL, 'PUBLIC cannot pause');
+SELECT throws_ok($$SELECT outbox.resume()$$, '42501', NULL, 'PUBLIC cannot resume');
+SELECT throws_ok($$SELECT outbox.replay(now())$$, '42501', NULL, 'PUBLIC cannot replay by time');
+SELECT throws_ok($$SELECT outbox.replay(1, 2)$$, '42501', NULL, 'PUBLIC cannot replay by id');
+SELECT throws_ok($$SELECT outbox.purge('1 day')$$, '42501', NULL, 'PUBLIC cannot purge');
+SELECT throws_ok($$SELECT outbox.retry_failed()$$, '42501', NULL, 'PUBLIC cannot requeue failed events');
+SELECT throws_ok($$SELECT outbox.retry_failed(gen_random_uuid())$$, '42501', NULL, 'PUBLIC cannot requeue one event');
+SELECT throws_ok($$SELECT * FROM outbox.events$$, '42501', NULL, 'PUBLIC cannot read outbox.events');
+SELECT throws_ok($$INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type) VALUES ('o', '1', 'e')$$,
+                 '42501', NULL, 'PUBLIC cannot insert into outbox.events');
+SELECT throws_ok($$UPDATE outbox.events SET published_at = now()$$, '42501', NULL, 'PUBLIC cannot update outbox.events');
+SELECT throws_ok($$DELETE FROM outbox.events$$, '42501', NULL, 'PUBLIC cannot delete from outbox.events');
+SELECT throws_ok($$UPDATE outbox.relay SET paused = true$$, '42501', NULL, 'PUBLIC cannot flip the relay switch');
+SELECT throws_ok($$SELECT * FROM outbox.status$$, '42501', NULL, 'PUBLIC cannot read outbox.status');
+CREATE TABLE public.t_capture (id int);
+SELECT throws_ok($$CREATE TRIGGER t AFTER INSERT ON public.t_capture FOR EACH ROW EXECUTE FUNCTION outbox.capture('t', 'id')$$,
+                 '42501', NULL, 'PUBLIC cannot attach outbox.capture() to a table');
+-- the Kafka properties (they may hold passwords) are hidden
+SELECT throws_ok($$SHOW outbox.kafka_properties$$, '42501', NULL, 'SHOW outbox.kafka_properties needs superuser');
+SELECT throws_ok($$SELECT current_setting('outbox.kafka_properties')$$, '42501', NULL,
+                 'current_setting(outbox.kafka_properties) needs superuser');
+SELECT is_empty($$SELECT 1 FROM pg_settings WHERE name = 'outbox.kafka_properties'$$,
+                'pg_settings hides outbox.kafka_properties');
+SELECT throws_ok($$SET outbox.kafka_properties = 'linger.ms=1'$$, '55P02', NULL,
+                 'outbox.kafka_properties cannot be SET in a session');
+SELECT throws_ok($$SET outbox.allowed_topics = ''$$, '55P02', NULL,
+                 'outbox.allowed_topics cannot be SET in a session');
+RESET ROLE;
+
+-- a role granted emit() can emit, and nothing else
+SET ROLE outbox_t_app;
+SELECT lives_ok($$SELECT outbox.emit('order', '1', 'order.created', '{"a": 1}')$$, 'the app role can emit');
+SELECT throws_ok($$SELECT * FROM outbox.events$$, '42501', NULL, 'the app role cannot read other events');
+SELECT throws_ok($$SELECT count(*) FROM outbox.events$$, '42501', NULL, 'the app role cannot even count events');
+SELECT throws_ok($$INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type, topic) VALUES ('o', '1', 'e', 'any')$$,
+                 '42501', NULL, 'the app role cannot bypass emit() with an INSERT');
+SELECT throws_ok($$UPDATE outbox.events SET topic = 'elsewhere'$$, '42501', NULL, 'the app role cannot redirect events');
+SELECT throws_ok($$SELECT outbox.pause()$$, '42501', NULL, 'the app role cannot pause the relay');
+SELECT throws_ok($$SELECT outbox.replay(now())$$, '42501', NULL, 'the app role cannot replay');
+SELECT throws_ok($$SELECT outbox.purge('0')$$, '42501', NULL, 'the app role cannot purge');
+
+-- the search_path attack: objects the caller puts first on its search_path are never used
+CREATE TABLE public.attack_log (what text);
+CREATE FUNCTION public.gen_random_uuid() RETURNS uuid LANGUAGE sql
+    AS $$INSERT INTO public.attack_log VALUES ('gen_random_uuid') RETURNING '00000000-0000-0000-0000-000000000001'::uuid$$;
+CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE sql
+    AS $$INSERT INTO public.attack_log VALUES ('clock_timestamp') RETURNING '1999-01-01'::timestamptz$$;
+CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql
+    AS $$INSERT INTO public.attack_log VALUES ('now') RETURNING '1999-01-01'::timestamptz$$;
+CREATE FUNCTION public.text_eq_evil(text, text) RETURNS boolean LANGUAGE sql
+    AS $$INSERT INTO public.attack_log VALUES ('=') RETURNING true$$;
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.text_eq_evil);
+CREATE TEMP TABLE events (id int);
+SET LOCAL search_path = public, pg_temp, pg_catalog;
+SELECT isnt(outbox.emit('order', '2', 'order.created', '{"b": 2}'),
+            '00000000-0000-0000-0000-000000000001'::uuid,
+            'emit() does not call a gen_random_uuid() planted in public');
+SELECT is_empty($$SELECT what FROM public.attack_log$$,
+                'no function or operator planted in public was called by emit()');
+RESET search_path;
+RESET ROLE;
+
+-- the events the app emitted are there, with real ids and times
+SELECT is((SELECT count(*)::int FROM outbox.events WHERE aggregate_id IN ('1', '2')), 2,
+          'both events of the app role were written');
+SELECT ok((SELECT bool_and(created_at > '2000-01-01' AND event_id <> '00000000-0000-0000-0000-000000000001')
+             FROM outbox.events WHERE aggregate_id IN ('1', '2')),
+          'their created_at and event_id come from pg_catalog, not from public');
+
+-- capture() as a table owner who was granted it, with the same planted objects
+GRANT EXECUTE ON FUNCTION outbox.capture() TO outbox_t_app;
+SET ROLE outbox_t_app;
+CREATE TABLE public.t_app_orders (id int PRIMARY KEY, note text);
+SELECT lives_ok($$CREATE TRIGGER t AFTER INSERT OR UPDATE OR DELETE ON public.t_app_orders
+                  FOR EACH ROW EXECUTE FUNCTION outbox.capture('order', 'id')$$,
+                'a role granted capture() can attach it to its table');
+SET LOCAL search_path = public, pg_temp, pg_catalog;
+SELECT lives_ok($$INSERT INTO public.t_app_orders VALUES (7, 'seven')$$, 'capture() writes the event for the app role');
+SELECT is_empty($$SELECT what FROM public.attack_log$$,
+                'no function or operator planted in public was called by capture()');
+RESET search_path;
+RESET ROLE;
+SELECT is((SELECT payload -> 'after' ->> 'note' FROM outbox.events WHERE event_type = 't_app_orders.created'),
+          'seven', 'the captured event is in outbox.events');
+
+-- pg_monitor may read the status, nothing else
+SET ROLE outbox_t_monitor;
+SELECT lives_ok($$SELECT * FROM outbox.status$$, 'pg_monitor can read outbox.status');
+SELECT throws_ok($$SELECT * FROM outbox.events$$, '42501', NULL, 'pg_monitor cannot read outbox.events');
+SELECT throws_ok($$SELECT outbox.pause()$$, '42501', NULL, 'pg_monitor cannot pause');
+-- (pg_monitor includes pg_read_all_settings: that it sees no secret values in
+-- outbox.kafka_properties is tested with real secrets in test/integration/test_21_security.py)
+RESET ROLE;
+
+-- the functions run with a fixed search_path, as the extension's owner
+SELECT is_empty($$
+    SELECT p.oid::regprocedure::text FROM pg_proc p
+     WHERE p.pronamespace = 'outbox'::regnamespace
+       AND NOT (coalesce(p.proconfig, '{}') @> ARRAY['search_path=pg_catalog, pg_temp'])
+$$, 'every function in schema outbox pins search_path = pg_catalog, pg_temp');
+SELECT is(ARRAY(SELECT p.proname::text FROM pg_proc p
+                 WHERE p.pronamespace = 'outbox'::regnamespace AND NOT p.prosecdef
+                 ORDER BY 1),
+          ARRAY['worker_status'],
+          'every function but worker_status() is SECURITY DEFINER');
+
+SELECT * FROM finish();
+ROLLBACK;

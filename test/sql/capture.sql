@@ -1,0 +1,129 @@
+-- outbox.capture(): row changes become events in the same transaction
+CREATE EXTENSION outbox;
+SET timezone = 'UTC';
+SET extra_float_digits = 0;
+\set SHOW_CONTEXT never
+
+-- a table with the types whose JSON rendering matters
+CREATE TABLE orders (
+    id        int PRIMARY KEY,
+    customer  text,
+    total     numeric(30,10),
+    placed_at timestamptz,
+    blob      bytea,
+    tags      text[],
+    note      text,
+    doubled   int GENERATED ALWAYS AS (id * 2) STORED
+);
+CREATE TRIGGER orders_outbox AFTER INSERT OR UPDATE OR DELETE ON orders
+    FOR EACH ROW EXECUTE FUNCTION outbox.capture('order', 'id');
+
+INSERT INTO orders (id, customer, total, placed_at, blob, tags, note)
+VALUES (1, 'ada', 12345678901234567890.0123456789, '2026-01-02 03:04:05.678901+00',
+        '\xdeadbeef', ARRAY['a', 'b"c', NULL], NULL);
+UPDATE orders SET customer = 'grace', tags = '{}' WHERE id = 1;
+DELETE FROM orders WHERE id = 1;
+
+SELECT aggregate_type, aggregate_id, event_type, topic, payload
+  FROM outbox.events ORDER BY id;
+
+-- numbers keep every digit: compare the JSON number with the column's value
+SELECT (payload -> 'after' ->> 'total')::numeric = 12345678901234567890.0123456789 AS total_exact
+  FROM outbox.events WHERE event_type = 'orders.created';
+
+-- a rolled-back change writes no event; a savepoint rolled back neither
+BEGIN;
+INSERT INTO orders (id, customer) VALUES (2, 'rolled back');
+ROLLBACK;
+BEGIN;
+INSERT INTO orders (id, customer) VALUES (3, 'kept');
+SAVEPOINT s;
+INSERT INTO orders (id, customer) VALUES (4, 'rolled back to savepoint');
+ROLLBACK TO SAVEPOINT s;
+COMMIT;
+SELECT aggregate_id, event_type FROM outbox.events WHERE aggregate_id IN ('2', '3', '4') ORDER BY id;
+
+-- TOASTed values arrive whole, in the new and the old row
+INSERT INTO orders (id, note) VALUES (5, repeat('toast-me ', 20000));
+UPDATE orders SET customer = 'x' WHERE id = 5;
+SELECT event_type, length(payload -> 'after' ->> 'note') AS after_len,
+       length(payload -> 'before' ->> 'note') AS before_len
+  FROM outbox.events WHERE aggregate_id = '5' ORDER BY id;
+
+-- ALTER TABLE ADD / DROP COLUMN: the payload follows the table's current columns
+ALTER TABLE orders ADD COLUMN status text DEFAULT 'new';
+ALTER TABLE orders DROP COLUMN note;
+UPDATE orders SET status = 'paid' WHERE id = 3;
+SELECT payload FROM outbox.events WHERE aggregate_id = '3' ORDER BY id DESC LIMIT 1;
+
+-- COPY fires the trigger for every row
+COPY orders (id, customer) FROM stdin;
+10	copy-a
+11	copy-b
+\.
+SELECT aggregate_id, event_type, payload -> 'after' ->> 'customer' AS customer
+  FROM outbox.events WHERE aggregate_id IN ('10', '11') ORDER BY id;
+
+-- a composite key: values joined by ':', with ':' and '\' escaped by '\'
+CREATE TABLE lines (order_id text, line int, sku text, PRIMARY KEY (order_id, line));
+CREATE TRIGGER lines_outbox AFTER INSERT OR UPDATE OR DELETE ON lines
+    FOR EACH ROW EXECUTE FUNCTION outbox.capture('order_line', 'order_id, line', 'order-lines');
+INSERT INTO lines VALUES ('42', 1, 'x'), ('a:b', 2, 'y'), ('c\d', 3, 'z');
+SELECT aggregate_id, event_type, topic FROM outbox.events
+ WHERE aggregate_type = 'order_line' ORDER BY id;
+
+-- a partitioned table: events carry the partitioned table's name, also for
+-- rows written straight into a partition
+CREATE TABLE readings (device text, at date, value float8) PARTITION BY RANGE (at);
+CREATE TABLE readings_2026 PARTITION OF readings FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+CREATE TRIGGER readings_outbox AFTER INSERT OR UPDATE OR DELETE ON readings
+    FOR EACH ROW EXECUTE FUNCTION outbox.capture('device', 'device');
+INSERT INTO readings VALUES ('d1', '2026-03-01', 1.5);
+INSERT INTO readings_2026 VALUES ('d2', '2026-04-01', 2.5);
+UPDATE readings SET value = 3 WHERE device = 'd1';
+SELECT aggregate_id, event_type, payload ->> 'table' AS source, payload -> 'after' AS after
+  FROM outbox.events WHERE aggregate_type = 'device' ORDER BY id;
+
+-- errors name the trigger and the table, and write nothing
+SELECT count(*) AS n FROM outbox.events \gset
+CREATE TABLE bad (id int, k text);
+CREATE TRIGGER bad_key AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'nope');
+INSERT INTO bad VALUES (1, 'x');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_key ON bad;
+CREATE TRIGGER bad_null AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'k');
+INSERT INTO bad VALUES (1, NULL);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_null ON bad;
+CREATE TRIGGER bad_args AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad');
+INSERT INTO bad VALUES (1, 'x');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_args ON bad;
+CREATE TRIGGER bad_many AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'id', 't', 'x');
+INSERT INTO bad VALUES (1, 'x');
+DROP TRIGGER bad_many ON bad;
+CREATE TRIGGER bad_empty AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('', 'id');
+INSERT INTO bad VALUES (1, 'x');
+DROP TRIGGER bad_empty ON bad;
+CREATE TRIGGER bad_nokeys AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', ' , ');
+INSERT INTO bad VALUES (1, 'x');
+DROP TRIGGER bad_nokeys ON bad;
+CREATE TRIGGER bad_before BEFORE INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'id');
+INSERT INTO bad VALUES (1, 'x');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_before ON bad;
+CREATE TRIGGER bad_statement AFTER INSERT ON bad FOR EACH STATEMENT EXECUTE FUNCTION outbox.capture('bad', 'id');
+INSERT INTO bad VALUES (1, 'x');
+DROP TRIGGER bad_statement ON bad;
+CREATE TRIGGER bad_topic AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'id', 'no spaces allowed');
+INSERT INTO bad VALUES (1, 'x');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_topic ON bad;
+CREATE TRIGGER bad_route AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('not/routable', 'id');
+INSERT INTO bad VALUES (1, 'x');
+DROP TRIGGER bad_route ON bad;
+SELECT outbox.capture();
+SELECT count(*) = :n AS nothing_written FROM outbox.events;
+
+DROP TABLE orders, lines, readings, bad;
+DROP EXTENSION outbox;

@@ -1,0 +1,58 @@
+-- the operations API: pause/resume, replay, purge, retry_failed, as SQL
+-- (no relay serves this database, so rows only change through these calls)
+CREATE EXTENSION outbox;
+\set SHOW_CONTEXT never
+
+-- pause and resume flip the persistent switch, and record who paused
+SELECT paused, paused_at IS NULL AS no_time, paused_by IS NULL AS no_role FROM outbox.relay;
+SELECT outbox.pause();
+SELECT paused, paused_at IS NOT NULL AS has_time, paused_by = session_user AS by_me FROM outbox.relay;
+SELECT outbox.pause();            -- pausing twice is harmless
+SELECT outbox.resume();
+SELECT paused, paused_at IS NULL AS no_time, paused_by IS NULL AS no_role FROM outbox.relay;
+SELECT outbox.resume();
+SELECT count(*) AS one_row FROM outbox.relay;
+
+-- events to play with: three published long ago, one recently, one pending
+SELECT outbox.emit('order', 'r' || i, 'e', jsonb_build_object('i', i)) IS NOT NULL AS emitted
+  FROM generate_series(1, 5) AS i;
+UPDATE outbox.events SET published_at = now() - interval '2 days', created_at = now() - interval '2 days'
+ WHERE aggregate_id IN ('r1', 'r2', 'r3');
+UPDATE outbox.events SET published_at = now() WHERE aggregate_id = 'r4';
+
+-- replay by time: only kept, published events created since then
+SELECT outbox.replay(now() - interval '1 day') AS requeued;
+SELECT aggregate_id, published_at IS NULL AS pending FROM outbox.events ORDER BY id;
+UPDATE outbox.events SET published_at = now() WHERE aggregate_id = 'r4';
+
+-- replay by id range, inclusive
+SELECT min(id) AS first_id FROM outbox.events \gset
+SELECT outbox.replay(:first_id, :first_id + 1) AS requeued;
+SELECT aggregate_id, published_at IS NULL AS pending FROM outbox.events ORDER BY id;
+SELECT outbox.replay(:first_id + 1, :first_id);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT outbox.replay(NULL::bigint, 1) IS NULL AS strict;
+
+-- purge: published events older than the interval; never pending ones
+UPDATE outbox.events SET published_at = now() - interval '2 days'
+ WHERE aggregate_id IN ('r1', 'r2', 'r3');
+SELECT outbox.purge(interval '1 day') AS deleted;
+SELECT aggregate_id, published_at IS NULL AS pending FROM outbox.events ORDER BY id;
+SELECT outbox.purge(interval '0') AS deleted;
+SELECT aggregate_id, published_at IS NULL AS pending FROM outbox.events ORDER BY id;
+SELECT outbox.purge(interval '-1 second');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+
+-- retry_failed: only events marked failed, all or one by event_id
+UPDATE outbox.events SET failed_at = now(), permanent_failures = 3, attempts = 3,
+       next_attempt_at = now() + interval '1 hour';
+SELECT event_id AS one_id FROM outbox.events ORDER BY id LIMIT 1 \gset
+SELECT outbox.retry_failed(:'one_id') AS requeued_one;
+SELECT outbox.retry_failed(:'one_id') AS again;
+SELECT outbox.retry_failed('00000000-0000-0000-0000-000000000000') AS unknown_id;
+SELECT outbox.retry_failed() AS requeued_rest;
+SELECT aggregate_id, failed_at IS NULL AS not_failed, permanent_failures, attempts,
+       next_attempt_at IS NULL AS due_now
+  FROM outbox.events ORDER BY id;
+
+DROP EXTENSION outbox;
