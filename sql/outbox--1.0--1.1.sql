@@ -3,6 +3,13 @@
 -- complain if script is sourced in psql, rather than via ALTER EXTENSION
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.1'" to load this file. \quit
 
+/*
+ * Lock the view before the table it reads, in the order readers of
+ * outbox.status take them, so that a concurrent reader cannot deadlock
+ * with this update.
+ */
+LOCK TABLE outbox.status, outbox.events IN ACCESS EXCLUSIVE MODE;
+
 /* new columns go last, as in a fresh 1.1 install; no table rewrite */
 ALTER TABLE outbox.events
     ADD COLUMN permanent_failures integer NOT NULL DEFAULT 0,

@@ -26,6 +26,9 @@ COMMENT ON COLUMN outbox.relay.paused_at IS
 COMMENT ON COLUMN outbox.relay.paused_by IS
 'Role (session user) that called outbox.pause(); NULL when not paused.';
 
+COMMENT ON SEQUENCE outbox.events_id_seq IS
+'Identity sequence of outbox.events.id; pg_dump keeps its position.';
+
 /* trigger capture */
 CREATE FUNCTION outbox.capture()
 RETURNS trigger

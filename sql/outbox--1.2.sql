@@ -191,6 +191,9 @@ SELECT w.database,
 COMMENT ON VIEW outbox.status IS
 'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. Empty when no relay worker runs.';
 
+COMMENT ON SEQUENCE outbox.events_id_seq IS
+'Identity sequence of outbox.events.id; pg_dump keeps its position.';
+
 /* trigger capture */
 CREATE FUNCTION outbox.capture()
 RETURNS trigger

@@ -270,6 +270,7 @@ static const char *const reserved_kafka_properties[] = {
 	"request.required.acks",
 	"message.timeout.ms",
 	"delivery.timeout.ms",
+	"enable.gapless.guarantee",
 	"log.queue",
 	NULL
 };

@@ -29,6 +29,7 @@
 
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 /* topics whose handles we keep; past this, each message looks its topic up */
 #define MAX_CACHED_TOPICS	10000
@@ -36,10 +37,15 @@
 /* how long the first message to a topic may wait for its metadata */
 #define TOPIC_METADATA_TIMEOUT_MS	500
 
+/* how long a topic error from the metadata is trusted before asking again */
+#define TOPIC_ERROR_RECHECK_MS	1000
+
 typedef struct TopicEntry
 {
 	char		name[OUTBOX_TOPIC_MAX_LEN + 1];	/* hash key */
 	rd_kafka_topic_t *rkt;
+	rd_kafka_resp_err_t error;	/* topic refused by the cluster, or 0 */
+	TimestampTz checked_at;		/* when error was last looked up */
 } TopicEntry;
 
 StaticAssertDecl(SIZEOF_VOID_P >= 8,
@@ -68,6 +74,19 @@ static const char *const default_properties[][2] = {
 	{"linger.ms", "1"},
 	/* the broker's default message.max.bytes (1 MiB + 12), not 1 MB */
 	{"message.max.bytes", "1048588"},
+
+	/*
+	 * When the broker refuses a message for good (too large for the topic,
+	 * say), the idempotent producer would go on with the partition's later
+	 * messages, so a later event of the same aggregate could overtake the
+	 * refused one.  With this, librdkafka stops instead (a fatal error):
+	 * the relay records the refusal, rebuilds the producer, and the held
+	 * back events wait behind the refused one.  (A later batch may already
+	 * be on the wire when it stops, so the relay also keeps a large event's
+	 * successors out of its batch: see BARRIER_BYTES in relay.c.)
+	 */
+	{"enable.gapless.guarantee", "true"},
+
 	/* bound the memory librdkafka may queue (default would be 1 GB) */
 	{"queue.buffering.max.kbytes", "65536"},
 	{"client.id", "outbox-relay"},
@@ -96,6 +115,7 @@ outbox_producer_create(char **error)
 	int			nprops;
 	char		errstr[512];
 	char		timeout[32];
+	char		propagation[32];
 	int			i;
 
 	if (!outbox_parse_kafka_properties(outbox_kafka_properties, &props,
@@ -107,8 +127,17 @@ outbox_producer_create(char **error)
 
 	conf = rd_kafka_conf_new();
 	snprintf(timeout, sizeof(timeout), "%d", outbox_delivery_timeout);
+
+	/*
+	 * A topic that does not appear must be reported as unknown (permanent)
+	 * before its messages time out (transient), so wait at most half the
+	 * delivery timeout for it to show up.
+	 */
+	snprintf(propagation, sizeof(propagation), "%d",
+			 Min(30000, outbox_delivery_timeout / 2));
 	if (!set_property(conf, "bootstrap.servers", outbox_bootstrap_servers, error) ||
-		!set_property(conf, "message.timeout.ms", timeout, error))
+		!set_property(conf, "message.timeout.ms", timeout, error) ||
+		!set_property(conf, "topic.metadata.propagation.max.ms", propagation, error))
 	{
 		rd_kafka_conf_destroy(conf);
 		return NULL;
@@ -298,40 +327,84 @@ outbox_producer_begin_batch(OutboxProducer *producer, int capacity)
 }
 
 /*
- * The handle of a topic, created on first use.
+ * Ask the cluster about one topic, waiting at most TOPIC_METADATA_TIMEOUT_MS,
+ * and remember whether it refuses the topic.  Errors of the request itself
+ * (no broker answered) say nothing about the topic and are not kept.
+ */
+static void
+check_topic(OutboxProducer *producer, TopicEntry *entry)
+{
+	const struct rd_kafka_metadata *md = NULL;
+
+	entry->checked_at = GetCurrentTimestamp();
+	if (producer->all_brokers_down)
+		return;					/* not worth a wait when no broker answers */
+	if (rd_kafka_metadata(producer->rk, 0, entry->rkt, &md,
+						  TOPIC_METADATA_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return;
+	entry->error = RD_KAFKA_RESP_ERR_NO_ERROR;
+	if (md->topic_cnt == 1)
+	{
+		switch (md->topics[0].err)
+		{
+			case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+			case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+			case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+				entry->error = md->topics[0].err;
+				break;
+			default:
+				break;
+		}
+	}
+	rd_kafka_metadata_destroy(md);
+}
+
+/*
+ * The handle of a topic, created on first use, and whether the cluster
+ * refuses it (*error).
  *
  * librdkafka looks up unknown topics only about once a second, so the first
  * message to each topic would wait up to a second; asking for the topic's
- * metadata right away makes that a round trip instead.  Returns NULL when
- * the cache is full: the caller then names the topic per message.
+ * metadata right away makes that a round trip instead.  The same answer
+ * tells whether the topic is refused (not authorized, does not exist and
+ * will not be created): librdkafka would only let such messages time out,
+ * which looks like a broker outage; the relay fails them at once instead,
+ * as a permanent error.  A refusal is looked up again after
+ * TOPIC_ERROR_RECHECK_MS, so a fixed ACL or a created topic is noticed.
+ *
+ * Returns NULL when the cache is full: the caller then names the topic per
+ * message.
  */
 static rd_kafka_topic_t *
-topic_handle(OutboxProducer *producer, const char *name)
+topic_handle(OutboxProducer *producer, const char *name, rd_kafka_resp_err_t *error)
 {
 	TopicEntry *entry;
 	bool		found;
-	const struct rd_kafka_metadata *md = NULL;
 
+	*error = RD_KAFKA_RESP_ERR_NO_ERROR;
 	if (strlen(name) > OUTBOX_TOPIC_MAX_LEN)
 		return NULL;
 	entry = hash_search(producer->topics, name, HASH_FIND, NULL);
-	if (entry != NULL)
-		return entry->rkt;
-	if (hash_get_num_entries(producer->topics) >= MAX_CACHED_TOPICS)
-		return NULL;
-
-	entry = hash_search(producer->topics, name, HASH_ENTER, &found);
-	entry->rkt = rd_kafka_topic_new(producer->rk, name, NULL);
-	if (entry->rkt == NULL)
+	if (entry == NULL)
 	{
-		hash_search(producer->topics, name, HASH_REMOVE, NULL);
-		return NULL;
+		if (hash_get_num_entries(producer->topics) >= MAX_CACHED_TOPICS)
+			return NULL;
+		entry = hash_search(producer->topics, name, HASH_ENTER, &found);
+		entry->rkt = rd_kafka_topic_new(producer->rk, name, NULL);
+		entry->error = RD_KAFKA_RESP_ERR_NO_ERROR;
+		if (entry->rkt == NULL)
+		{
+			hash_search(producer->topics, name, HASH_REMOVE, NULL);
+			return NULL;
+		}
+		check_topic(producer, entry);
 	}
-	/* not worth a wait when no broker answers anyway */
-	if (!producer->all_brokers_down &&
-		rd_kafka_metadata(producer->rk, 0, entry->rkt, &md,
-						  TOPIC_METADATA_TIMEOUT_MS) == RD_KAFKA_RESP_ERR_NO_ERROR)
-		rd_kafka_metadata_destroy(md);
+	else if (entry->error != RD_KAFKA_RESP_ERR_NO_ERROR &&
+			 TimestampDifferenceExceeds(entry->checked_at, GetCurrentTimestamp(),
+										TOPIC_ERROR_RECHECK_MS))
+		check_topic(producer, entry);
+
+	*error = entry->error;
 	return entry->rkt;
 }
 
@@ -362,7 +435,12 @@ outbox_producer_send(OutboxProducer *producer, int index,
 							msg->header_values[i], msg->header_lens[i]);
 
 	tag = ((uintptr_t) producer->generation << 32) | (uint32) index;
-	rkt = topic_handle(producer, msg->topic);
+	rkt = topic_handle(producer, msg->topic, &err);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		rd_kafka_headers_destroy(headers);
+		return err;
+	}
 	if (rkt != NULL)
 		err = rd_kafka_producev(producer->rk,
 								RD_KAFKA_V_RKT(rkt),
@@ -403,10 +481,19 @@ void
 outbox_producer_serve(OutboxProducer *producer)
 {
 	char		buf[64];
+	int			i;
 
 	while (read(producer->wakeup_fd[0], buf, sizeof(buf)) > 0)
 		;
 	rd_kafka_poll(producer->rk, 0);
+
+	/* librdkafka's own log (see debug in outbox.kafka_properties) */
+	for (i = 0; i < producer->nlogs; i++)
+		elog(DEBUG1, "librdkafka: %s", producer->logs[i]);
+	if (producer->dropped_logs > 0)
+		elog(DEBUG1, "librdkafka: %d more log lines dropped", producer->dropped_logs);
+	producer->nlogs = 0;
+	producer->dropped_logs = 0;
 }
 
 /*
@@ -447,16 +534,18 @@ outbox_producer_probe(OutboxProducer *producer, int timeout_ms)
 
 /*
  * outbox_producer_fatal_error
- *		The fatal error that stopped the producer, palloc'd, or NULL.
- *		After a fatal error the producer must be destroyed and rebuilt.
+ *		The fatal error that stopped the producer, as text (palloc'd) with
+ *		its code in *code, or NULL.  After a fatal error the producer must
+ *		be destroyed and rebuilt.
  */
 char *
-outbox_producer_fatal_error(OutboxProducer *producer)
+outbox_producer_fatal_error(OutboxProducer *producer, rd_kafka_resp_err_t *code)
 {
 	char		errstr[512];
 	rd_kafka_resp_err_t err;
 
 	err = rd_kafka_fatal_error(producer->rk, errstr, sizeof(errstr));
+	*code = err;
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR && !producer->fatal)
 		return NULL;
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -486,6 +575,8 @@ outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err)
 		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
 		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
 		case RD_KAFKA_RESP_ERR__INVALID_ARG:
+			/* the message that made the producer stop (see gapless above) */
+		case RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE:
 			/* the topic does not exist and the broker will not create it */
 		case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
 		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
@@ -544,7 +635,8 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 /*
  * librdkafka log line.  With log.queue=true and rd_kafka_set_log_queue()
  * this runs inside rd_kafka_poll() on the worker's thread (before the log
- * queue is set up it may run on librdkafka's own threads: so only record).
+ * queue is set up it may run on librdkafka's own threads: so only record,
+ * in the fixed buffer; outbox_producer_serve() passes them on).
  */
 static void
 log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
@@ -553,7 +645,11 @@ log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 
 	if (producer == NULL)
 		return;
-	producer->last_log_level = level;
-	snprintf(producer->last_log, sizeof(producer->last_log), "%s: %s", fac, buf);
-	producer->log_seq++;
+	if (producer->nlogs >= OUTBOX_PRODUCER_LOG_LINES)
+	{
+		producer->dropped_logs++;
+		return;
+	}
+	snprintf(producer->logs[producer->nlogs++], sizeof(producer->logs[0]),
+			 "%d %s: %s", level, fac, buf);
 }

@@ -15,6 +15,9 @@
 
 #include <librdkafka/rdkafka.h>
 
+/* librdkafka log lines kept between two polls */
+#define OUTBOX_PRODUCER_LOG_LINES	32
+
 /* outcome of one message of the current batch, filled by the DR callback */
 typedef struct OutboxDelivery
 {
@@ -63,9 +66,10 @@ typedef struct OutboxProducer
 	rd_kafka_resp_err_t last_error;
 	char		last_error_text[512];
 	bool		all_brokers_down;
-	uint64		log_seq;
-	int			last_log_level;
-	char		last_log[512];
+	/* librdkafka's log lines, passed on at DEBUG1 after each poll */
+	int			nlogs;
+	int			dropped_logs;
+	char		logs[OUTBOX_PRODUCER_LOG_LINES][256];
 } OutboxProducer;
 
 extern OutboxProducer *outbox_producer_create(char **error);
@@ -78,7 +82,8 @@ extern rd_kafka_resp_err_t outbox_producer_send(OutboxProducer *producer,
 extern void outbox_producer_serve(OutboxProducer *producer);
 extern void outbox_producer_abort_batch(OutboxProducer *producer);
 extern bool outbox_producer_probe(OutboxProducer *producer, int timeout_ms);
-extern char *outbox_producer_fatal_error(OutboxProducer *producer);
+extern char *outbox_producer_fatal_error(OutboxProducer *producer,
+										 rd_kafka_resp_err_t *code);
 extern bool outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err);
 
 #endif							/* OUTBOX_PRODUCER_H */

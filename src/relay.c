@@ -47,6 +47,14 @@
 /* rows fetched from the claim cursor at a time */
 #define CLAIM_FETCH_SIZE	256
 
+/*
+ * Events larger than this (value and key, bytes) are produced as barriers:
+ * later events of the same aggregate wait for the next claim.  Brokers refuse
+ * messages by size per topic (max.message.bytes, 1 MiB by default); small
+ * events are never refused for it.
+ */
+#define BARRIER_BYTES	65536
+
 /* first retry of a failed event after this long, doubling up to the cap */
 #define RETRY_BACKOFF_BASE_MS	1000
 
@@ -55,30 +63,29 @@
 #define CLEANUP_MAX_CHUNKS	10
 
 /*
- * The claim, in three variants (see claim_variant()).  Events of an
- * aggregate that has an earlier failed event still pending wait behind it
- * (with on_failed_event = hold also behind one marked failed).  The blocked
- * aggregates are computed once per claim from a partial index that is empty
- * while all is well; a correlated NOT EXISTS per candidate row was planned
- * as a scan of the whole backlog per row once ANALYZE saw an idle table.
+ * The claim, in three variants (see claim_variant()).
+ *
+ * An event waits while an earlier failed event of its aggregate cannot be
+ * sent yet: it is in its backoff, or (with on_failed_event = hold) marked
+ * failed.  A failed event that is due again is claimed with the rest, in id
+ * order; produce_row() keeps the order within the batch.  The aggregates
+ * that are held back come from events_retry_idx, which is empty while all
+ * is well; the NOT IN is planned as one hash table per claim.  Its ORDER BY
+ * is that index's order, so that with sorts disabled in the worker it is
+ * the index used: with stale statistics the planner would otherwise walk
+ * the whole backlog in events_pending_idx for it.
  */
-#define CLAIM_BLOCKED(extra) \
-"WITH blocked AS MATERIALIZED (" \
-"  SELECT b.aggregate_type, b.aggregate_id, pg_catalog.min(b.id) AS first_id" \
-"    FROM outbox.events AS b" \
-"   WHERE b.published_at IS NULL AND b.attempts > 0" extra \
-"   GROUP BY b.aggregate_type, b.aggregate_id) "
 #define CLAIM_SELECT \
 "SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
 "       e.topic, e.payload, e.headers, e.created_at, e.attempts" \
 "  FROM outbox.events AS e" \
 " WHERE e.published_at IS NULL" \
 "   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= pg_catalog.now())"
-#define CLAIM_NOT_BEHIND \
-"   AND NOT EXISTS (SELECT 1 FROM blocked" \
-"                    WHERE blocked.aggregate_type = e.aggregate_type" \
-"                      AND blocked.aggregate_id = e.aggregate_id" \
-"                      AND blocked.first_id < e.id)"
+#define CLAIM_NOT_HELD(held) \
+"   AND (e.aggregate_type, e.aggregate_id) NOT IN (" \
+"        SELECT b.aggregate_type, b.aggregate_id FROM outbox.events AS b" \
+"         WHERE b.published_at IS NULL AND b.attempts > 0 AND " held \
+"         ORDER BY b.aggregate_type, b.aggregate_id)"
 #define CLAIM_ORDER \
 " ORDER BY e.id" \
 " LIMIT $1" \
@@ -93,11 +100,15 @@ typedef enum ClaimVariant
 } ClaimVariant;
 
 static const char *const claim_sql[NUM_CLAIM_VARIANTS] = {
-	CLAIM_BLOCKED("") CLAIM_SELECT CLAIM_NOT_BEHIND CLAIM_ORDER,
-	CLAIM_BLOCKED("") CLAIM_SELECT " AND e.failed_at IS NULL"
-	CLAIM_NOT_BEHIND CLAIM_ORDER,
-	CLAIM_BLOCKED(" AND b.failed_at IS NULL") CLAIM_SELECT
-	" AND e.failed_at IS NULL" CLAIM_NOT_BEHIND CLAIM_ORDER
+	CLAIM_SELECT
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL"
+	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL"
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
+	CLAIM_ORDER
 };
 
 static const char *const mark_published_sql =
@@ -173,6 +184,10 @@ typedef struct BatchEntry
 	bool		produced;		/* handed to librdkafka */
 	bool		held_back;		/* not produced: its aggregate failed earlier
 								 * in this batch */
+	bool		overtook;		/* acknowledged after an earlier event of its
+								 * aggregate failed */
+	bool		barrier;		/* produced, but later events of its aggregate
+								 * wait for its report (see BARRIER_BYTES) */
 	rd_kafka_resp_err_t error;	/* failure raised before producing */
 	char	   *error_text;
 } BatchEntry;
@@ -196,7 +211,8 @@ typedef struct Batch
 {
 	BatchEntry *entries;
 	int			n;				/* rows claimed so far */
-	int			nerrors;		/* rows that failed before producing */
+	int			nblocking;		/* rows that failed before producing, were
+								 * held back, or are barriers */
 	MemoryContext cxt;			/* lives until the batch is marked */
 } Batch;
 
@@ -255,7 +271,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 
 	batch.entries = palloc0(sizeof(BatchEntry) * outbox_batch_size);
 	batch.n = 0;
-	batch.nerrors = 0;
+	batch.nblocking = 0;
 	batch.cxt = CurrentMemoryContext;
 	outbox_producer_begin_batch(producer, outbox_batch_size);
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
@@ -414,7 +430,7 @@ entry_failed(Batch *batch, BatchEntry *entry, rd_kafka_resp_err_t err,
 {
 	entry->error = err;
 	entry->error_text = MemoryContextStrdup(batch->cxt, text);
-	batch->nerrors++;
+	batch->nblocking++;
 }
 
 /*
@@ -462,19 +478,20 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 										   strlen(aggregate_id), 0));
 
 	/*
-	 * Keep order: once a row of this aggregate failed in this batch, its
-	 * later rows wait for the next claim, which holds them back until the
-	 * failed one is delivered.  A hash collision only delays an unrelated
-	 * aggregate by one batch.
+	 * Keep order: once a row of this aggregate failed in this batch, or was
+	 * held back, or is a barrier, its later rows wait for the next claim.  A
+	 * hash collision only delays an unrelated aggregate by one batch.
 	 */
-	for (i = 0; batch->nerrors > 0 && i < index; i++)
+	for (i = 0; batch->nblocking > 0 && i < index; i++)
 	{
 		BatchEntry *earlier = &batch->entries[i];
 
 		if (earlier->aggregate_hash == entry->aggregate_hash &&
-			(earlier->error != RD_KAFKA_RESP_ERR_NO_ERROR || earlier->held_back))
+			(earlier->error != RD_KAFKA_RESP_ERR_NO_ERROR || earlier->held_back ||
+			 earlier->barrier))
 		{
 			entry->held_back = true;
+			batch->nblocking++;
 			return;
 		}
 	}
@@ -573,7 +590,22 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 	}
 
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
 		entry->produced = true;
+
+		/*
+		 * A retried event, or a large one, may be refused by the broker.
+		 * librdkafka then stops (gapless guarantee), but a later batch of
+		 * the same partition may already be on the wire and be written.  So
+		 * the rest of this aggregate waits for the next claim, which comes
+		 * right after this one; other aggregates are not affected.
+		 */
+		if (entry->attempts > 0 || msg.value_len + msg.key_len > BARRIER_BYTES)
+		{
+			entry->barrier = true;
+			batch->nblocking++;
+		}
+	}
 	else if (err != RD_KAFKA_RESP_ERR__FATAL)
 		entry_failed(batch, entry, err, psprintf("%s (%s)", rd_kafka_err2str(err),
 												 rd_kafka_err2name(err)));
@@ -688,6 +720,12 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 			published_ids[npublished++] = Int64GetDatum(e->id);
 			continue;
 		}
+		if (e->produced && d->reported &&
+			(d->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE ||
+			 d->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT ||
+			 d->err == RD_KAFKA_RESP_ERR__FATAL))
+			continue;			/* dropped by us or by a stopped producer: no
+								 * verdict on the event, send it again */
 		if (e->produced && d->reported)
 		{
 			err = d->err;
@@ -716,16 +754,35 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 															Min((int64) outbox_retry_backoff_max,
 																(int64) RETRY_BACKOFF_BASE_MS << Min(e->attempts, 20))));
 		nfailed++;
+	}
 
-		/* did a later event of this aggregate get through anyway? */
-		for (int j = i + 1; j < n; j++)
+	/*
+	 * Did a later event of a failed event's aggregate get through anyway?
+	 * (It should not: see enable.gapless.guarantee in producer.c.)  Count
+	 * each such event once.
+	 */
+	if (nfailed > 0)
+	{
+		for (i = 0; i < n; i++)
 		{
-			if (entries[j].aggregate_hash == e->aggregate_hash &&
-				entries[j].produced && producer->deliveries[j].reported &&
-				producer->deliveries[j].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			OutboxDelivery *d = &producer->deliveries[i];
+
+			if (!(entries[i].produced && d->reported && d->err != RD_KAFKA_RESP_ERR_NO_ERROR &&
+				  d->err != RD_KAFKA_RESP_ERR__PURGE_QUEUE &&
+				  d->err != RD_KAFKA_RESP_ERR__PURGE_INFLIGHT &&
+				  d->err != RD_KAFKA_RESP_ERR__FATAL) &&
+				entries[i].error == RD_KAFKA_RESP_ERR_NO_ERROR)
+				continue;
+			for (int j = i + 1; j < n; j++)
 			{
-				result->overtaken++;
-				break;
+				if (entries[j].aggregate_hash == entries[i].aggregate_hash &&
+					!entries[j].overtook && entries[j].produced &&
+					producer->deliveries[j].reported &&
+					producer->deliveries[j].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+				{
+					entries[j].overtook = true;
+					result->overtaken++;
+				}
 			}
 		}
 	}

@@ -31,7 +31,11 @@
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "tcop/tcopprot.h"
+#include "access/genam.h"
+#include "access/table.h"
 #include "catalog/pg_authid.h"
+#include "catalog/pg_database.h"
+#include "utils/fmgroids.h"
 #include "utils/acl.h"
 #include "utils/syscache.h"
 #include "utils/guc.h"
@@ -127,6 +131,8 @@ outbox_worker_main(Datum main_arg)
 	 */
 	SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
 	SetConfigOption("enable_sort", "off", PGC_SUSET, PGC_S_OVERRIDE);
+	/* those disabled paths cost 1e10, which would make every claim JIT-compile */
+	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	outbox_shared_register_worker();
 	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
@@ -176,6 +182,32 @@ connect_to_database(void)
 }
 
 /*
+ * True if the database exists and accepts connections (datallowconn; it is
+ * off e.g. while a restore loads it).  Scans the shared pg_database, which
+ * a worker without a database connection can read.
+ */
+static bool
+database_accepts_connections(const char *name)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tuple;
+	bool		result = false;
+
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_database_datname, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum(name));
+	scan = systable_beginscan(rel, DatabaseNameIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		result = ((Form_pg_database) GETSTRUCT(tuple))->datallowconn;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return result;
+}
+
+/*
  * True if the role exists and has LOGIN, which a background worker's
  * connection needs as much as a client's.
  */
@@ -214,7 +246,7 @@ wait_for_database(void)
 
 		CHECK_FOR_INTERRUPTS();
 		StartTransactionCommand();
-		exists = OidIsValid(get_database_oid(outbox_database, true)) &&
+		exists = database_accepts_connections(outbox_database) &&
 			(outbox_role[0] == '\0' || role_can_log_in(outbox_role));
 		CommitTransactionCommand();
 
@@ -231,7 +263,8 @@ wait_for_database(void)
 		if (!logged)
 		{
 			ereport(LOG,
-					(errmsg("outbox relay is waiting for database \"%s\" to exist", outbox_database),
+					(errmsg("outbox relay is waiting for database \"%s\" to exist and accept connections",
+							outbox_database),
 					 outbox_role[0] != '\0' ?
 					 errdetail("It connects as role \"%s\", which must exist and have LOGIN.", outbox_role) : 0,
 					 errhint("Create them, or change outbox.database or outbox.role and restart the server.")));
@@ -395,24 +428,36 @@ relay_step(void)
 
 	if (result.fatal)
 	{
-		char	   *error = outbox_producer_fatal_error(producer);
+		rd_kafka_resp_err_t code;
+		char	   *error = outbox_producer_fatal_error(producer, &code);
 
-		ereport(WARNING,
+		/*
+		 * A refused event stops the producer on purpose (gapless guarantee,
+		 * see producer.c); the refusal is recorded on the event, so this is
+		 * routine.  Anything else is worth a WARNING.
+		 */
+		ereport(code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? DEBUG1 : WARNING,
 				(errmsg("outbox relay: Kafka producer failed fatally, creating a new one"),
 				 errdetail("%s", error ? error : "unknown error"),
 				 errhint("Events not acknowledged stay unpublished and are sent again.")));
-		outbox_shared_set_error(error ? error : "fatal producer error");
+		if (code != RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE)
+			outbox_shared_set_error(error ? error : "fatal producer error");
 		outbox_producer_destroy(producer);
 		producer = NULL;
-		return 1000;
+		return code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? 0 : 1000;
 	}
 
-	/* what does this batch tell us about the broker? */
-	if (result.published > 0)
-		outbox_enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
-	else if (result.failed_transient > 0 || result.aborted)
+	/*
+	 * What does this batch tell us about the broker?  Any transient failure
+	 * means trouble, even if part of the batch was acknowledged before it
+	 * began; only a batch without one, or an answer to a probe, means Kafka
+	 * is reachable again.
+	 */
+	if (result.failed_transient > 0 || result.aborted)
 		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN,
-					result.first_error ? result.first_error : producer->last_error_text);
+						   result.first_error ? result.first_error : producer->last_error_text);
+	else if (result.published > 0)
+		outbox_enter_state(OUTBOX_STATE_PUBLISHING, NULL);
 	else if (producer->all_brokers_down && state != OUTBOX_STATE_BROKER_DOWN)
 	{
 		/* librdkafka also says this when an idle connection is closed */
@@ -431,7 +476,13 @@ relay_step(void)
 		outbox_enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
 	producer->all_brokers_down = false;
 
-	if (result.claimed >= outbox_batch_size && !result.aborted)
+	/*
+	 * More is probably waiting after a full batch, and after any progress
+	 * (events held back behind a retried one become claimable once it went
+	 * out); an empty claim costs about a millisecond.
+	 */
+	if ((result.claimed >= outbox_batch_size || result.published > 0) &&
+		!result.aborted)
 		return 0;
 	return outbox_poll_interval;
 }

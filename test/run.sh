@@ -44,7 +44,8 @@ trap cleanup EXIT
 if want build; then
     say "build (warnings are errors)"
     make clean >/dev/null
-    make 2>&1 | tee test/out/build.log >/dev/null
+    make -C test/mock clean >/dev/null
+    { make; make -C test/mock; } 2>&1 | tee test/out/build.log >/dev/null
     if grep -E 'warning:|error:' test/out/build.log; then
         echo "build printed warnings or errors" >&2
         exit 1

@@ -47,6 +47,12 @@ psql_admin() { "$BINDIR/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postg
 
 running() { [[ -f "$DATA/postmaster.pid" ]] && as_owner "$BINDIR/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
 
+create_database() {
+    if ! psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1; then
+        psql_admin -c "CREATE DATABASE \"$DB\"" >/dev/null
+    fi
+}
+
 init_cluster() {
     mkdir -p "$DIR"
     chmod 755 "$DIR"
@@ -56,20 +62,29 @@ init_cluster() {
         || { cat "$DIR/initdb.log" >&2; die "initdb failed"; }
     as_owner tee -a "$DATA/postgresql.conf" >/dev/null <<EOF
 
-# --- outbox test cluster (test/env/pg.sh) ---
+# --- test cluster (test/env/pg.sh) ---
 listen_addresses = '127.0.0.1'
 port = $PORT
 unix_socket_directories = '$DIR'
-shared_preload_libraries = 'outbox'
-outbox.database = '$DB'
-outbox.bootstrap_servers = '$KAFKA'
-outbox.poll_interval = 1000
 max_connections = 100
 max_wal_senders = 10
 wal_level = replica
 fsync = on
 log_line_prefix = '%m [%p] %b '
 log_min_messages = info
+EOF
+    # create the relay's database before the relay exists, so that it connects at its first start
+    touch "$LOG"
+    [[ $(id -u) -eq 0 ]] && chown "$OWNER" "$LOG"
+    as_owner "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null \
+        || { tail -n 30 "$LOG" >&2; die "server did not start"; }
+    create_database
+    as_owner "$BINDIR/pg_ctl" -D "$DATA" -m fast -w -t 60 stop >/dev/null
+    as_owner tee -a "$DATA/postgresql.conf" >/dev/null <<EOF
+shared_preload_libraries = 'outbox'
+outbox.database = '$DB'
+outbox.bootstrap_servers = '$KAFKA'
+outbox.poll_interval = 1000
 EOF
 }
 
@@ -81,9 +96,7 @@ start() {
     [[ $(id -u) -eq 0 ]] && chown "$OWNER" "$LOG"
     as_owner "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null \
         || { tail -n 30 "$LOG" >&2; die "server did not start"; }
-    if ! psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1; then
-        psql_admin -c "CREATE DATABASE \"$DB\""
-    fi
+    create_database
     log "running on 127.0.0.1:$PORT (data $DATA, log $LOG)"
 }
 

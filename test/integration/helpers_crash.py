@@ -434,7 +434,7 @@ class StatusMonitor:
         self.interval = interval
         self.peak_pending = 0
         self.states = collections.Counter()
-        self.samples = 0
+        self.samples: List[tuple] = []      # (time.time(), state, pending, published)
         self.last = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="status-monitor")
@@ -450,7 +450,7 @@ class StatusMonitor:
                 if rows:
                     r = rows[0]
                     self.last = r
-                    self.samples += 1
+                    self.samples.append((time.time(), r["state"], r["pending"], r["published"]))
                     self.states[r["state"]] += 1
                     if r["pending"] is not None:
                         self.peak_pending = max(self.peak_pending, r["pending"])
@@ -467,6 +467,15 @@ class StatusMonitor:
     def close(self):
         self._stop.set()
         self._thread.join(10)
+
+
+def log_marker(env: Env, text: str):
+    """Write a line into the server log (to order test events against the server's lines)."""
+    conn = pg_connect(env)
+    try:
+        query(conn, "DO $$BEGIN RAISE LOG '%%', " + "%s" + "; END$$", (text,))
+    finally:
+        conn.close()
 
 
 def unpublished_upto(env: Env, aggregate_type: str, max_id: int) -> int:

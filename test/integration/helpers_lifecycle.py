@@ -14,7 +14,6 @@ import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Dict, List, Optional
 
 import psycopg2

@@ -14,6 +14,7 @@ import threading
 import time
 
 import psycopg2
+import pytest
 
 from conftest import (OUT_DIR, assert_no_problems, create_topics, emit, event_rows, java_partition,
                       message_problems, new_aggregate_type, pg_connect, percentile, query,
@@ -89,10 +90,19 @@ class Session(threading.Thread):
         return True
 
 
-def test_load_exactly_once_in_order(env, conn, prefix, reader_factory):
-    retention = query_one(conn, "SELECT current_setting('outbox.retention')::interval")[0]
-    assert retention.total_seconds() < 0 or retention.total_seconds() >= 300, \
-        f"outbox.retention = {retention}: published rows would vanish before they are checked"
+@pytest.fixture
+def keep_published(conn):
+    """Keep published rows for the test (outbox.retention = -1): it checks them at the end."""
+    query(conn, "ALTER SYSTEM SET outbox.retention = -1")
+    query(conn, "SELECT pg_reload_conf()")
+    wait_until(lambda: query_one(conn, "SELECT current_setting('outbox.retention')")[0] == "-1",
+               10, "outbox.retention = -1")
+    yield
+    query(conn, "ALTER SYSTEM RESET outbox.retention")
+    query(conn, "SELECT pg_reload_conf()")
+
+
+def test_load_exactly_once_in_order(env, conn, prefix, reader_factory, keep_published):
 
     agg_type = new_aggregate_type("load")
     run_id = agg_type

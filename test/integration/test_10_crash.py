@@ -141,7 +141,9 @@ def test_crash_under_load(env, prefix):
            f"{sum(load.connection_losses)} connection losses, {sum(load.connect_failures)} failed reconnects")
     report(f"OUTBOX CRASH: {len(present)} events expected, {c.distinct} distinct received, "
            f"{len(c.lost)} lost, {c.reorderings} reorderings, {c.duplicates} duplicates "
-           f"(per crash: {per_crash}; max {max(per_crash)}, batch_size {batch_size}; "
+           f"(per crash, p = postmaster, r = relay: "
+           f"{' '.join(f'{k[0]}{d}' for k, d in zip(plan, per_crash))}; max {max(per_crash)}, "
+           f"batch_size {batch_size}; "
            f"without a crash: {c.dups_by_region.get(-1, 0)}); last event {drain_s:.1f}s after the load stopped")
     report("OUTBOX CRASH: recovery (kill to relay ready) "
            + ", ".join(f"{x['kind'][0]}{x['recovery_s']:.1f}s"

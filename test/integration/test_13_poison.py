@@ -109,7 +109,7 @@ def broker_refused_blob(env, key: str, headers: list, topic: str) -> int:
     raise AssertionError("found no payload size that the broker refuses but librdkafka accepts")
 
 
-def payload_poison_flow(env, conn, prefix, reader_factory, tag, poisons, later=2):
+def payload_poison_flow(env, conn, prefix, reader_factory, tag, poisons, later=2, allow_duplicates=False):
     """Stream 10 healthy aggregates; in one transaction emit, per (aggregate_id, payload) in
     poisons, the poison event followed by `later` normal events of the same aggregate.  Check the
     dead letters (attempt by attempt), hold, status, WARNINGs; then fix the payloads, requeue
@@ -212,7 +212,7 @@ def payload_poison_flow(env, conn, prefix, reader_factory, tag, poisons, later=2
         check = check_delivery(read_all(reader, emitted, timeout=30), emitted)
         after = status(conn)
         fig.update(check=check, after=after, before=before)
-        check.assert_ok("the requeued poison events and the held-back ones", allow_duplicates=False)
+        check.assert_ok("the requeued poison events and the held-back ones", allow_duplicates=allow_duplicates)
         assert summary["failed"] == 0 and summary["unpublished"] == 0, summary
         flow_rows = query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
                                     " AND aggregate_id LIKE 'flow-%%' AND attempts > 0", (agg_type,))[0]
@@ -247,8 +247,11 @@ def test_payload_refused_by_broker_holds_back_its_aggregate(env, conn, prefix, r
     agg_probe = [("id", str(uuid.uuid4()).encode()), ("event_type", b"it.poison"),
                  ("aggregate_type", b"it_poison_edge_0123456789")]
     n = broker_refused_blob(env, "edge-1", agg_probe, f"it_sizeprobe_{uuid.uuid4().hex[:8]}")
+    # each refusal stops librdkafka (gapless guarantee) and the relay rebuilds its producer;
+    # events of other aggregates that were in flight then are sent again: duplicates are
+    # allowed here (at-least-once), reordering is not
     fig = payload_poison_flow(env, conn, prefix, reader_factory, "edge",
-                              [("edge-1", {"blob": "x" * n})])
+                              [("edge-1", {"blob": "x" * n})], allow_duplicates=True)
     report_payload(fig, f"payload of {n + 12} bytes (refused by the broker, not by librdkafka)")
 
 
@@ -380,7 +383,8 @@ def assert_topic_refusal_dead_letters(res, error, name):
     held = res["held"]
     assert all(r["published_at"] is None for r in held.values()), f"{name}: overtaken: {held}"
     st, before = res["status"], res["before"]
-    assert st["failed"] - before["failed"] == 1 and st["failed_events"] - before["failed_events"] == 1, (before, st)
+    # (the counters are server-wide: other aggregates' dead letters may add to them)
+    assert st["failed"] - before["failed"] >= 1 and st["failed_events"] - before["failed_events"] >= 1, (before, st)
     assert sum(n for n, _ in res["warns"]) == 1, res["warns"]
     assert res["requeued"] is True
     res["check"].assert_ok(f"{name} after retry_failed")

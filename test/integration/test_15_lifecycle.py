@@ -14,7 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
-from conftest import (LogWatcher, create_topics, emit_round_robin, kafka_sh, new_aggregate_type,
+from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type,
                       order_problems, pg_connect, pg_sh, query, query_one, relay_status, report,
                       topic_prefix, unique_messages, wait_relay_ready, wait_until)
 from helpers_lifecycle import (Emitter, connect_db, count_check, error_lines_of, expected_map,
@@ -27,6 +27,7 @@ PROBE_DB = "outbox_probe"
 DROP_DATABASE_LIMIT_S = 5.0      # DROP DATABASE of a tiny, unused database: "a few seconds"
 MISSING_DB_OBSERVE_S = 20
 MAX_EXITS_WHILE_MISSING = 2      # the first connection attempt fails once (FATAL), then it waits
+NOCONN_OBSERVE_S = 12
 
 
 def all_log_lines(other):
@@ -200,7 +201,7 @@ def test_drop_extension_while_relaying_then_create_again(env, reader_factory):
         probe.close()
 
 
-def test_missing_database_waits_without_crash_loop(env, reader_factory):
+def test_database_missing_or_closed_waits_without_crash_loop(env, reader_factory):
     agg_type = new_aggregate_type("lc_nodb")
     later = "outbox_later"
     with extra_cluster(env, "lc-nodb", 23, database="postgres") as other:
@@ -240,8 +241,21 @@ def test_missing_database_waits_without_crash_loop(env, reader_factory):
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+
+        # the database appears but does not accept connections yet (e.g. while it is restored):
+        # the worker can only wait, as for a missing one; it must not restart every few seconds
+        w2 = LogWatcher(other)
+        query(c, f"CREATE DATABASE {later} ALLOW_CONNECTIONS false")
+        time.sleep(NOCONN_OBSERVE_S)
+        noconn_lines = w2.new_lines()
+        noconn_exits = relay_exit_lines(noconn_lines)
+        noconn_fatal = [ln for ln in noconn_lines if "not currently accepting connections" in ln]
+        report(f"OUTBOX LIFECYCLE database without connections: over {NOCONN_OBSERVE_S}s after CREATE"
+               f" DATABASE ... ALLOW_CONNECTIONS false: {len(noconn_exits)} relay exit(s),"
+               f" {len(noconn_fatal)} FATAL 'not currently accepting connections'")
+
         t1 = time.monotonic()
-        query(c, f"CREATE DATABASE {later}")
+        query(c, f"ALTER DATABASE {later} ALLOW_CONNECTIONS true")
         wait_state(probe, "waiting_for_extension", timeout=30)
         found_s = time.monotonic() - t1
         lc = connect_db(other, later)
@@ -259,14 +273,18 @@ def test_missing_database_waits_without_crash_loop(env, reader_factory):
 
         lines = since_ready(watcher.new_lines())
         exits = relay_exit_lines(lines)
-        relay_errors = [ln for ln in error_lines_of(lines, []) if f'database "{later}" does not exist' not in ln]
+        relay_errors = [ln for ln in error_lines_of(lines, []) if f'database "{later}" does not exist' not in ln
+                        and "not currently accepting connections" not in ln]
         assert relay_errors == [], "\n".join(relay_errors)
         assert server_crashes(lines) == [], server_crashes(lines)
-        assert len(exits) <= MAX_EXITS_WHILE_MISSING + 1, "\n".join(exits)
-        report(f"OUTBOX LIFECYCLE missing database: CREATE DATABASE -> relay connected and waiting for"
-               f" the extension after {found_s:.1f}s; {len(expected)} events then delivered once each;"
+        report(f"OUTBOX LIFECYCLE missing database: ALLOW_CONNECTIONS true -> relay connected and waiting"
+               f" for the extension after {found_s:.1f}s; {len(expected)} events then delivered once each;"
                f" {len(exits)} relay exit(s) in all; DROP DATABASE of another database while it"
                f" waited took {drop_s:.2f}s")
+        assert len(noconn_exits) <= 1, (
+            f"restart loop while {later} exists but does not accept connections: {len(noconn_exits)} exits"
+            f" in {NOCONN_OBSERVE_S}s:\n" + "\n".join(ln for ln in noconn_lines if "outbox relay" in ln))
+        assert len(exits) <= MAX_EXITS_WHILE_MISSING + 2, "\n".join(exits)
         for x in (c, lc, probe):
             x.close()
 
@@ -287,26 +305,31 @@ def test_drop_other_database_is_not_blocked(env, conn, prefix, reader_factory):
         return drop_s
 
     wait_relay_ready(env)
+    watcher = LogWatcher(env)
     create_drop("relay idle")
 
-    # Kafka down while a batch waits for its delivery reports
-    kafka_sh(env, "stop")
+    # Kafka unreachable while a batch waits for its delivery reports: the relay is pointed at a
+    # port nobody listens on (what it sees is the same as a stopped broker: connection refused;
+    # stopping the real broker would cost ~20 s more)
     try:
+        set_system(conn, "outbox.bootstrap_servers", "127.0.0.1:1")
+        wait_until(lambda: "Kafka settings changed" in "\n".join(watcher.new_lines()), 20,
+                   "the relay to take the unreachable bootstrap server")
         down = [str(r[0]) for r in query(conn, "SELECT outbox.emit(%s, 'd-' || g, 'it.down', '{}')"
                                                " FROM generate_series(1, 10) g", (agg_type,))]
         wait_until(lambda: query_one(conn, "SELECT count(*) FROM pg_stat_activity WHERE backend_type"
                                            " = 'outbox relay' AND query LIKE '%waiting for delivery%'")[0],
                    20, "the relay to wait for delivery reports")
-        create_drop("Kafka down, batch waiting for reports")
+        create_drop("Kafka unreachable, batch waiting for reports")
         wait_until(lambda: relay_state(conn) == "broker_down", 30, "state broker_down")
-        create_drop("Kafka down, state broker_down")
+        create_drop("Kafka unreachable, state broker_down")
     finally:
-        kafka_sh(env, "start", timeout=180)
+        set_system(conn, "outbox.bootstrap_servers", None)
     msgs = read_ids(reader, down, timeout=90, extra=1)
-    count_check(id_counts(msgs), down, "events emitted while Kafka was down")
+    count_check(id_counts(msgs), down, "events emitted while Kafka was unreachable")
 
     # a backlog being drained
-    n = 200_000
+    n = 60_000
     try:
         set_system(conn, "outbox.bootstrap_servers", "")
         wait_until(lambda: relay_state(conn) == "not_configured", 20, "state not_configured")

@@ -9,7 +9,6 @@ On the standby: no relay process, outbox.status empty, nothing published.  After
 stops and the standby is promoted (pg_promote()), its relay publishes exactly the pending
 events, in per-aggregate order, and not the already published ones.
 """
-import os
 import time
 from pathlib import Path
 

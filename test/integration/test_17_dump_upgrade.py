@@ -9,22 +9,24 @@ pg_dump / pg_restore and ALTER EXTENSION outbox UPDATE.
     install (two scratch databases on the main cluster).
 (c) The same update done under a running relay while events flow (throw-away cluster, port
     +27): same worker, every event delivered once, in order.
+(d) A monitoring query of outbox.status that overlaps the update must neither fail nor make the
+    update fail (no lock-order deadlock between the script and the view's readers).
 """
 import collections
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
 
-import pytest
+import psycopg2
 
-from conftest import (create_topics, delivery_errors, emit_round_robin, new_aggregate_type,
+from conftest import (LogWatcher, create_topics, delivery_errors, emit_round_robin, new_aggregate_type,
                       order_problems, pg_connect, query, query_one, relay_status, report,
                       topic_prefix, unique_messages, wait_relay_ready, wait_until)
 from helpers_lifecycle import (PG_BINDIR, Emitter, connect_db, count_check, error_lines_of,
-                               expected_map, extra_cluster, id_counts, order_violations,
+                               extra_cluster, id_counts, order_violations,
                                relay_exit_lines, relay_pids, server_crashes, set_system, timed)
-from conftest import LogWatcher
 
 RESTORE_DB = "outbox_restored"
 
@@ -299,7 +301,7 @@ def test_update_while_the_relay_runs(env, reader_factory):
         try:
             em.wait_count(150)
             em.phase = "updating"
-            update_s = timed(query, c, "ALTER EXTENSION outbox UPDATE")
+            update_s = timed(query, c, "ALTER EXTENSION outbox UPDATE TO '1.1'")
             em.phase = "after"
             em.wait_count(150, phase="after")
         finally:
@@ -334,3 +336,50 @@ def test_update_while_the_relay_runs(env, reader_factory):
                f" ({len(first)} before, {len(events)} around/after, {n_updating} committed during the"
                f" update) delivered once each, in order; 0 emit errors")
         c.close()
+
+
+def test_update_does_not_deadlock_with_status_readers(env, conn):
+    """The update script locks outbox.events (ALTER TABLE) and later drops outbox.status; a reader
+    of outbox.status locks the view first, then outbox.events.  Made deterministic by holding a
+    lock on outbox.events so that the update waits before its ALTER TABLE while a status reader
+    arrives; then the lock is released."""
+    db = f"obx_updlock_{uuid.uuid4().hex[:8]}"
+    opened = []
+    results = {}
+
+    def run(name, c, sql):
+        try:
+            results[name] = ("ok", query(c, sql))
+        except psycopg2.Error as e:
+            results[name] = ("error", f"{e.pgcode}: {str(e).strip()}")
+
+    def waiting(pid):
+        return query_one(conn, "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (pid,))[0] > 0
+
+    query(conn, f'CREATE DATABASE "{db}"')
+    try:
+        u, r, h = (connect_db(env, db) for _ in range(3))
+        opened += [u, r, h]
+        query(u, "CREATE EXTENSION outbox VERSION '1.0'")
+        h.autocommit = False
+        query(h, "LOCK TABLE outbox.events IN ACCESS SHARE MODE")     # e.g. a long report query
+        ut = threading.Thread(target=run, args=("update", u, "ALTER EXTENSION outbox UPDATE TO '1.1'"), daemon=True)
+        ut.start()
+        wait_until(lambda: waiting(u.get_backend_pid()), 10, "the update to wait for outbox.events")
+        rt = threading.Thread(target=run, args=("status", r, "SELECT count(*) FROM outbox.status"), daemon=True)
+        rt.start()
+        wait_until(lambda: waiting(r.get_backend_pid()), 10, "the status reader to wait")
+        h.commit()
+        ut.join(30)
+        rt.join(30)
+        version = query_one(u, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0]
+    finally:
+        for x in opened:
+            x.close()
+        query(conn, f'DROP DATABASE IF EXISTS "{db}"')
+    report(f"OUTBOX UPGRADE vs status readers: update -> {results.get('update', ('running',))[0]},"
+           f" concurrent SELECT FROM outbox.status -> {results.get('status', ('running',))[0]}"
+           f" {results.get('status', ('', ''))[1] if results.get('status', ('',))[0] == 'error' else ''}")
+    assert results.get("update", ("?",))[0] == "ok" and version == "1.1", f"ALTER EXTENSION UPDATE: {results}"
+    assert results.get("status", ("?",))[0] == "ok", \
+        f"a reader of outbox.status failed while ALTER EXTENSION outbox UPDATE ran: {results['status'][1]}"

@@ -19,16 +19,16 @@ OUTBOX_CLEANUP_EVENTS overrides the run size (default 1,000,000).
 import os
 import time
 
-from conftest import (create_topics, delivery_errors, new_aggregate_type, pg_connect, query, query_one,
-                      relay_status, report, unique_messages, wait_until)
-from helpers_lifecycle import (count_check, fmt_sizes, id_counts, order_violations, set_system,
-                               table_sizes, topic_message_count)
+from conftest import (create_topics, delivery_errors, new_aggregate_type, pg_connect, query,
+                      query_one, relay_status, report, wait_until)
+from helpers_lifecycle import (EVENTS_INDEXES, count_check, fmt_sizes, id_counts, order_violations,
+                               set_system, table_sizes, topic_message_count)
 
 N_EVENTS = int(os.environ.get("OUTBOX_CLEANUP_EVENTS", "1000000"))
 N_TXNS = 5
 N_AGGREGATES = 1000
 AUTOVACUUM_NAPTIME = "5s"
-# after the second run, each size may exceed the first run's by this factor (+ 16 MB of slack)
+# the second run's peak size (heap, each index) may exceed the first run's by this factor + 16 MB
 GROWTH_LIMIT = 1.25
 SLACK = 16 * 1048576
 
@@ -125,13 +125,16 @@ def test_retention_cleanup_reuses_space(env, conn, prefix):
            f" delivery errors {delivery_errors(st)}")
     assert st["pid"] == pid, "the relay worker restarted during the cleanup test"
 
+    # space is reused: nothing of the second run outgrows the first run's peak
     problems = []
-    for stage in ("after emitting", "after draining", "after retention + cleanup"):
-        a, b = sizes[f"run 1 {stage}"], sizes[f"run 2 {stage}"]
-        for part in ("heap", "indexes"):
-            if b[part] > a[part] * GROWTH_LIMIT + SLACK:
-                problems.append(f"{part} {stage}: run 2 {b[part] / 1048576:.1f}MB vs run 1"
-                                f" {a[part] / 1048576:.1f}MB")
+    stages = ("after emitting", "after draining", "after retention + cleanup")
+    for part in ("heap", "indexes") + EVENTS_INDEXES:
+        peak1 = max(sizes[f"run 1 {stage}"].get(part, 0) for stage in stages)
+        peak2 = max(sizes[f"run 2 {stage}"].get(part, 0) for stage in stages)
+        if peak2 > peak1 * GROWTH_LIMIT + SLACK:
+            problems.append(f"{part}: run 2 peak {peak2 / 1048576:.1f}MB, run 1 peak {peak1 / 1048576:.1f}MB")
+    # (the sizes after the cleanup are not compared: whether VACUUM can also truncate the emptied
+    # heap depends on it getting an exclusive lock between the relay's transactions)
     assert not problems, "space is not reused:\n  " + "\n  ".join(problems)
     for run in (1, 2):
         left = sizes[f"run {run} after retention + cleanup"]["rows"]

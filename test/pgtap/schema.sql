@@ -1,11 +1,11 @@
--- pgTAP: the SQL objects created by CREATE EXTENSION outbox (the current version, sql/outbox--1.1.sql).
+-- pgTAP: the SQL objects created by CREATE EXTENSION outbox (the current version, sql/outbox--1.2.sql).
 -- Run with: pg_prove -h 127.0.0.1 -p PORT -U postgres -d outbox test/pgtap/*.sql
 -- Everything happens in one transaction that is rolled back.
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(114);
+SELECT plan(128);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -130,8 +130,8 @@ SELECT volatility_is('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'j
                      'outbox.emit is VOLATILE');
 SELECT isnt_strict('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'],
                    'outbox.emit is not STRICT (a NULL payload makes a tombstone)');
-SELECT isnt_definer('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'],
-                    'outbox.emit is not SECURITY DEFINER');
+SELECT is_definer('outbox', 'emit', ARRAY['text', 'text', 'text', 'jsonb', 'jsonb', 'text'],
+                  'outbox.emit is SECURITY DEFINER (callers need no right on the table)');
 SELECT is((SELECT proparallel FROM pg_proc WHERE oid = 'outbox.emit(text, text, text, jsonb, jsonb, text)'::regprocedure),
           'u'::"char", 'outbox.emit is PARALLEL UNSAFE');
 
@@ -144,8 +144,21 @@ SELECT is(pg_get_function_arguments('outbox.worker_status()'::regprocedure),
           'outbox.worker_status OUT columns');
 SELECT function_lang_is('outbox', 'worker_status', ARRAY[]::text[], 'c', 'outbox.worker_status is written in C');
 SELECT volatility_is('outbox', 'worker_status', ARRAY[]::text[], 'volatile', 'outbox.worker_status is VOLATILE');
-SELECT functions_are('outbox', ARRAY['emit', 'worker_status', 'retry_failed'],
-                     'schema outbox has exactly the functions emit, worker_status and retry_failed');
+SELECT functions_are('outbox', ARRAY['emit', 'worker_status', 'retry_failed', 'capture', 'pause',
+                                     'resume', 'replay', 'purge'],
+                     'schema outbox has exactly the documented functions');
+SELECT function_returns('outbox', 'capture', ARRAY[]::text[], 'trigger', 'outbox.capture() is a trigger function');
+SELECT function_returns('outbox', 'pause', ARRAY[]::text[], 'void', 'outbox.pause() returns void');
+SELECT function_returns('outbox', 'resume', ARRAY[]::text[], 'void', 'outbox.resume() returns void');
+SELECT function_returns('outbox', 'replay', ARRAY['timestamp with time zone'], 'bigint',
+                        'outbox.replay(timestamptz) returns bigint');
+SELECT function_returns('outbox', 'replay', ARRAY['bigint', 'bigint'], 'bigint',
+                        'outbox.replay(bigint, bigint) returns bigint');
+SELECT function_returns('outbox', 'purge', ARRAY['interval'], 'bigint', 'outbox.purge(interval) returns bigint');
+SELECT is(pg_get_function_arguments('outbox.replay(bigint, bigint)'::regprocedure), 'from_id bigint, to_id bigint',
+          'outbox.replay takes from_id, to_id');
+SELECT is(pg_get_function_arguments('outbox.purge(interval)'::regprocedure), 'older_than interval',
+          'outbox.purge takes older_than');
 
 -- functions outbox.retry_failed() and outbox.retry_failed(uuid)
 SELECT function_returns('outbox', 'retry_failed', ARRAY[]::text[], 'bigint',
@@ -168,7 +181,22 @@ SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
 -- view outbox.status
 SELECT has_view('outbox', 'status', 'view outbox.status exists');
 SELECT views_are('outbox', ARRAY['status'], 'schema outbox has exactly the view status');
-SELECT tables_are('outbox', ARRAY['events'], 'schema outbox has exactly the table events');
+SELECT tables_are('outbox', ARRAY['events', 'relay'], 'schema outbox has exactly the tables events and relay');
+SELECT columns_are('outbox', 'relay', ARRAY['singleton', 'paused', 'paused_at', 'paused_by'],
+                   'outbox.relay has exactly the expected columns');
+SELECT results_eq('SELECT singleton, paused, paused_at IS NULL, paused_by IS NULL FROM outbox.relay',
+                  $$VALUES (true, false, true, true)$$, 'outbox.relay holds one row, not paused');
+SELECT throws_ok('INSERT INTO outbox.relay (singleton) VALUES (false)', '23514', NULL,
+                 'outbox.relay cannot get a second row');
+SELECT ok(coalesce(btrim(obj_description('outbox.relay'::regclass, 'pg_class')), '') <> '',
+          'table outbox.relay has a comment');
+SELECT is_empty($$
+    SELECT attname FROM pg_attribute
+     WHERE attrelid = 'outbox.relay'::regclass AND attnum > 0 AND NOT attisdropped
+       AND coalesce(btrim(col_description(attrelid, attnum)), '') = ''
+$$, 'every column of outbox.relay has a non-empty comment');
+SELECT ok(coalesce(btrim(obj_description('outbox.events_id_seq'::regclass, 'pg_class')), '') <> '',
+          'sequence outbox.events_id_seq has a comment');
 SELECT columns_are('outbox', 'status', ARRAY[
     'database', 'pid', 'state', 'pending', 'failed_events', 'oldest_pending_age', 'published',
     'failed', 'delivery_errors', 'last_publish_at', 'last_error', 'last_error_at', 'started_at'],

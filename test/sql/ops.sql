@@ -44,6 +44,7 @@ SELECT outbox.purge(interval '-1 second');
 SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
 
 -- retry_failed: only events marked failed, all or one by event_id
+SELECT outbox.emit('order', 'r' || i, 'e', '{}') IS NOT NULL AS emitted FROM generate_series(6, 7) AS i;
 UPDATE outbox.events SET failed_at = now(), permanent_failures = 3, attempts = 3,
        next_attempt_at = now() + interval '1 hour';
 SELECT event_id AS one_id FROM outbox.events ORDER BY id LIMIT 1 \gset
