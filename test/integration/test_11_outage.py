@@ -412,9 +412,9 @@ def test_broker_lost_in_the_middle_of_a_batch(env, prefix):
            f"{st['state']!r}; {c.distinct} of {len(expected)} delivered after it came back, "
            f"{c.reorderings} reorderings, {c.duplicates} duplicates; timeline (s) "
            + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
-    # (whether Kafka acknowledged part of the batch before it died depends on timing; the state
-    # checks below hold either way)
-    assert tried > 0, f"the outage failed no delivery ({published} acknowledged, {tried} failed)"
+    # How much of the batch Kafka acknowledged before it died depends on timing (the relay may
+    # have had all of it acknowledged already); the report above says what happened, and the
+    # checks below must hold in every case.
     assert_delivered(c, "broker lost mid-batch")
     assert first_down is not None, f"outbox.status never said broker_down: {samples[:20]}"
     assert not false_recoveries and not left_down and st["state"] == "broker_down", (
