@@ -5,7 +5,7 @@ pg_dump / pg_restore and ALTER EXTENSION outbox UPDATE.
     pg_restore into a fresh database of a throw-away cluster (env.pg_dir-restore, port +26)
     whose relay serves it: pending events keep their ids and are delivered, published ones are
     not sent again, and emit() works right after the restore (identity sequence restored).
-(b) 1.0 -> 1.1 by ALTER EXTENSION UPDATE gives exactly the catalog objects of a fresh 1.1
+(b) every ALTER EXTENSION UPDATE path (1.0 -> 1.1, 1.1 -> 1.2, 1.0 -> 1.2) gives exactly the catalog objects of a fresh install
     install (two scratch databases on the main cluster).
 (c) The same update done under a running relay while events flow (throw-away cluster, port
     +27): same worker, every event delivered once, in order.
@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import psycopg2
+import pytest
 
 from conftest import (LogWatcher, create_topics, delivery_errors, emit_round_robin, new_aggregate_type,
                       order_problems, pg_connect, query, query_one, relay_status, report,
@@ -222,6 +223,13 @@ CATALOG_QUERIES = {
           FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
          WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'r' AND a.attnum > 0
            AND NOT a.attisdropped AND col_description(c.oid, a.attnum) IS NULL""",
+    # what pg_dump treats as the extension's own privileges (it dumps only changes to these)
+    "initial privileges": """
+        SELECT pg_describe_object(ip.classoid, ip.objoid, ip.objsubid), ip.privtype, ip.initprivs::text
+          FROM pg_init_privs ip
+          JOIN pg_depend d ON d.classid = ip.classoid AND d.objid = ip.objoid AND d.deptype = 'e'
+          JOIN pg_extension e ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
+         WHERE e.extname = 'outbox'"""
 }
 
 
@@ -230,18 +238,23 @@ def catalog_snapshot(conn) -> dict:
             for k, sql in CATALOG_QUERIES.items()}
 
 
-def catalog_differences(updated: dict, fresh: dict) -> list:
+def catalog_differences(updated: dict, fresh: dict, version: str = "1.1") -> list:
     out = []
     for k in CATALOG_QUERIES:
         a, b = collections.Counter(updated[k]), collections.Counter(fresh[k])
         for row in sorted(a - b):
             out.append(f"{k}: only after UPDATE: {row}")
         for row in sorted(b - a):
-            out.append(f"{k}: only in fresh 1.1:  {row}")
+            out.append(f"{k}: only in fresh {version}:  {row}")
     return out
 
 
-def test_update_1_0_to_1_1_matches_fresh_install(env, conn):
+# every upgrade path a user can take, ending at each version: the current one is the default
+UPGRADE_PATHS = [("1.0", "1.1"), ("1.1", "1.2"), ("1.0", "1.2")]
+
+
+@pytest.mark.parametrize("old,new", UPGRADE_PATHS, ids=[f"{a}-{b}" for a, b in UPGRADE_PATHS])
+def test_update_matches_fresh_install(env, conn, old, new):
     tag = uuid.uuid4().hex[:8]
     upd_db, fresh_db = f"obx_upd_{tag}", f"obx_fresh_{tag}"
     opened = []
@@ -252,11 +265,11 @@ def test_update_1_0_to_1_1_matches_fresh_install(env, conn):
         opened.append(u)
         f = connect_db(env, fresh_db)
         opened.append(f)
-        query(u, "CREATE EXTENSION outbox VERSION '1.0'")
-        assert query_one(u, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0] == "1.0"
+        query(u, f"CREATE EXTENSION outbox VERSION '{old}'")
+        assert query_one(u, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0] == old
         v10_rows = len(catalog_snapshot(u)["member"])
-        query(u, "ALTER EXTENSION outbox UPDATE TO '1.1'")
-        query(f, "CREATE EXTENSION outbox VERSION '1.1'")
+        query(u, f"ALTER EXTENSION outbox UPDATE TO '{new}'")
+        query(f, f"CREATE EXTENSION outbox VERSION '{new}'")
         a, b = catalog_snapshot(u), catalog_snapshot(f)
         # columns added by ALTER TABLE carry their default as a "missing value" (storage detail)
         missing = query(u, "SELECT attname FROM pg_attribute WHERE attrelid = 'outbox.events'::regclass"
@@ -266,14 +279,14 @@ def test_update_1_0_to_1_1_matches_fresh_install(env, conn):
             x.close()
         for db in (upd_db, fresh_db):
             query(conn, f'DROP DATABASE IF EXISTS "{db}"')
-    diffs = catalog_differences(a, b)
+    diffs = catalog_differences(a, b, new)
     print("\n".join(diffs))
     sizes = ", ".join(f"{k} {len(b[k])}" for k in CATALOG_QUERIES)
-    report(f"OUTBOX UPGRADE catalog: 1.0 ({v10_rows} members) + ALTER EXTENSION UPDATE vs fresh 1.1"
+    report(f"OUTBOX UPGRADE catalog: {old} ({v10_rows} members) + ALTER EXTENSION UPDATE TO {new} vs fresh {new}"
            f" compared ({sizes} rows); {len(diffs)} difference(s); columns with a missing-value default"
            f" after the update (not compared, storage only): {[r[0] for r in missing]}; objects"
            f" without a comment (both): {[r[0] for r in b['uncommented member']]}")
-    assert not diffs, f"{len(diffs)} catalog difference(s) between updated and fresh 1.1:\n  " + "\n  ".join(diffs)
+    assert not diffs, f"{len(diffs)} catalog difference(s) between updated and fresh {new}:\n  " + "\n  ".join(diffs)
 
 
 def test_update_while_the_relay_runs(env, reader_factory):
@@ -301,12 +314,13 @@ def test_update_while_the_relay_runs(env, reader_factory):
         try:
             em.wait_count(150)
             em.phase = "updating"
-            update_s = timed(query, c, "ALTER EXTENSION outbox UPDATE TO '1.1'")
+            update_s = timed(query, c, "ALTER EXTENSION outbox UPDATE")    # to the current version
             em.phase = "after"
             em.wait_count(150, phase="after")
         finally:
             events = em.stop()
-        assert query_one(c, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0] == "1.1"
+        assert query_one(c, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0] == \
+            query_one(c, "SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'")[0]
         assert em.errors == [], f"emit() failed during the update: {em.errors[:5]}"
 
         # first used seqs 1..3 of aggregates u-0..u-5, the emitter restarts at 1: offset them
@@ -331,7 +345,7 @@ def test_update_while_the_relay_runs(env, reader_factory):
         assert errs == [] and relay_exit_lines(lines) == [] and server_crashes(lines) == [], \
             "\n".join(lines[-40:])
         n_updating = sum(1 for x in events if x[3] == "updating")
-        report(f"OUTBOX UPGRADE live: ALTER EXTENSION outbox UPDATE (1.0 -> 1.1) took {update_s:.2f}s"
+        report(f"OUTBOX UPGRADE live: ALTER EXTENSION outbox UPDATE (1.0 -> current) took {update_s:.2f}s"
                f" with the relay running and events flowing; worker {pid} kept, {len(expected)} events"
                f" ({len(first)} before, {len(events)} around/after, {n_updating} committed during the"
                f" update) delivered once each, in order; 0 emit errors")
@@ -363,7 +377,7 @@ def test_update_does_not_deadlock_with_status_readers(env, conn):
         query(u, "CREATE EXTENSION outbox VERSION '1.0'")
         h.autocommit = False
         query(h, "LOCK TABLE outbox.events IN ACCESS SHARE MODE")     # e.g. a long report query
-        ut = threading.Thread(target=run, args=("update", u, "ALTER EXTENSION outbox UPDATE TO '1.1'"), daemon=True)
+        ut = threading.Thread(target=run, args=("update", u, "ALTER EXTENSION outbox UPDATE"), daemon=True)
         ut.start()
         wait_until(lambda: waiting(u.get_backend_pid()), 10, "the update to wait for outbox.events")
         rt = threading.Thread(target=run, args=("status", r, "SELECT count(*) FROM outbox.status"), daemon=True)
@@ -373,6 +387,7 @@ def test_update_does_not_deadlock_with_status_readers(env, conn):
         ut.join(30)
         rt.join(30)
         version = query_one(u, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0]
+        current = query_one(u, "SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'")[0]
     finally:
         for x in opened:
             x.close()
@@ -380,6 +395,6 @@ def test_update_does_not_deadlock_with_status_readers(env, conn):
     report(f"OUTBOX UPGRADE vs status readers: update -> {results.get('update', ('running',))[0]},"
            f" concurrent SELECT FROM outbox.status -> {results.get('status', ('running',))[0]}"
            f" {results.get('status', ('', ''))[1] if results.get('status', ('',))[0] == 'error' else ''}")
-    assert results.get("update", ("?",))[0] == "ok" and version == "1.1", f"ALTER EXTENSION UPDATE: {results}"
+    assert results.get("update", ("?",))[0] == "ok" and version == current, f"ALTER EXTENSION UPDATE: {results}"
     assert results.get("status", ("?",))[0] == "ok", \
         f"a reader of outbox.status failed while ALTER EXTENSION outbox UPDATE ran: {results['status'][1]}"
