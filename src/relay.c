@@ -157,14 +157,27 @@ static const char *const mark_failed_sql =
  * passing over pending ones) and delete those published before $1.  The
  * array subquery runs once, so the DELETE is a primary-key lookup whatever
  * the planner thinks of the table's size.
+ *
+ * The scan stops at $3, the highest id this relay has marked published, or
+ * at the oldest pending row if that is further: published rows lie below
+ * both, and a backlog of pending rows (an outage) above them is never read,
+ * however long it grows.  After a restart ($3 = 0) rows published behind a
+ * held-back event wait until the relay publishes again.
  */
 static const char *const cleanup_sql =
 "DELETE FROM outbox.events"
 " WHERE id = ANY (ARRAY("
 "   SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
 "                      WHERE published_at IS NOT NULL"
+"                        AND id <= GREATEST($3, COALESCE("
+"                              (SELECT min(p.id) FROM outbox.events p"
+"                                WHERE p.published_at IS NULL),"
+"                              9223372036854775807))"
 "                      ORDER BY id LIMIT $2) AS h"
 "    WHERE h.published_at < $1))";
+
+/* highest id marked published by this process; bounds the retention scan */
+static int64 highest_published_id = 0;
 
 /* column numbers of claim_sql */
 enum
@@ -727,6 +740,7 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		if (e->produced && d->reported && d->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			published_ids[npublished++] = PointerGetDatum(&e->ctid);
+			highest_published_id = Max(highest_published_id, e->id);
 			continue;
 		}
 		if (e->produced && d->reported &&
@@ -870,8 +884,11 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
  *
  * Runs in its own transaction, in chunks of CLEANUP_CHUNK rows, looking only
  * at the oldest rows of the table (published rows are the oldest), so its
- * cost does not grow with the table.  Returns the number of rows deleted;
- * 0 when retention is off or the table is missing.
+ * cost does not grow with the table.  With retention 0 acknowledged rows
+ * are deleted at once by the relay, and this deletes any published while
+ * retention was still positive (the new value can arrive with SIGHUP after
+ * a batch was marked).  Returns the number of rows deleted; 0 when retention
+ * is off (-1) or the table is missing.
  */
 int64
 outbox_relay_cleanup(void)
@@ -880,7 +897,7 @@ outbox_relay_cleanup(void)
 	int			chunk;
 	MemoryContext callercxt = CurrentMemoryContext;
 
-	if (outbox_retention <= 0)
+	if (outbox_retention < 0)
 		return 0;
 
 	SetCurrentStatementStartTimestamp();
@@ -892,15 +909,16 @@ outbox_relay_cleanup(void)
 
 	if (OidIsValid(lock_events_table()))
 	{
-		Oid			types[2] = {TIMESTAMPTZOID, INT4OID};
-		Datum		args[2];
+		Oid			types[3] = {TIMESTAMPTZOID, INT4OID, INT8OID};
+		Datum		args[3];
 
 		args[0] = TimestampTzGetDatum(TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 																  -(int64) outbox_retention * 1000));
 		args[1] = Int32GetDatum(CLEANUP_CHUNK);
+		args[2] = Int64GetDatum(highest_published_id);
 		for (chunk = 0; chunk < CLEANUP_MAX_CHUNKS; chunk++)
 		{
-			int			ret = SPI_execute_plan(prepare_plan(&cleanup_plan, cleanup_sql, 2, types),
+			int			ret = SPI_execute_plan(prepare_plan(&cleanup_plan, cleanup_sql, 3, types),
 											   args, NULL, false, 0);
 
 			if (ret != SPI_OK_DELETE)

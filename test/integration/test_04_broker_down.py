@@ -12,22 +12,36 @@ import pytest
 
 from conftest import (LogWatcher, create_topics, delivery_errors,
                       emit_round_robin, event_rows, kafka_sh, new_aggregate_type,
-                      order_problems, pg_connect, pg_sh, query_one, relay_status, report,
+                      order_problems, pg_connect, pg_sh, query, query_one, relay_status, report,
                       unique_messages, wait_until)
 
 N_AGGREGATES = 20
 PER_AGGREGATE = 10
 DELIVERY_TIMEOUT_S = 90         # from Kafka being back to the last event received
 MAX_OUTAGE_WARNINGS = 10        # "bounded": fewer than this many relay WARNING/ERROR lines
+LONG_DELIVERY_TIMEOUT = "10s"   # "long": outbox.delivery_timeout for the test, so it fails soon
 
 
 @pytest.mark.parametrize("outage", ["short", "long"])
 def test_broker_down_at_start(env, prefix, reader_factory, outage):
     conn = pg_connect(env)
-    delivery_timeout = query_one(conn, "SELECT current_setting('outbox.delivery_timeout')::interval")[0]
+    if outage == "long":
+        # ALTER SYSTEM: it must survive the restart below; reset at the end
+        query(conn, f"ALTER SYSTEM SET outbox.delivery_timeout = '{LONG_DELIVERY_TIMEOUT}'")
+    else:
+        query(conn, "ALTER SYSTEM RESET outbox.delivery_timeout")
+    query(conn, "SELECT pg_reload_conf()")
     conn.close()
-    if outage == "long" and delivery_timeout.total_seconds() > 60:
-        pytest.skip(f"outbox.delivery_timeout = {delivery_timeout}: the long outage would take too long")
+    try:
+        _broker_down_at_start(env, prefix, reader_factory, outage)
+    finally:
+        conn = pg_connect(env)
+        query(conn, "ALTER SYSTEM RESET outbox.delivery_timeout")
+        query(conn, "SELECT pg_reload_conf()")
+        conn.close()
+
+
+def _broker_down_at_start(env, prefix, reader_factory, outage):
 
     agg_type = new_aggregate_type(f"down_{outage}")
     topic = prefix + agg_type
@@ -44,6 +58,8 @@ def test_broker_down_at_start(env, prefix, reader_factory, outage):
         assert restart_s < 10, f"pg_ctl restart took {restart_s:.1f}s with Kafka down"
         report(f"OUTBOX BROKER DOWN ({outage}): pg_ctl restart -m fast with Kafka stopped took {restart_s:.2f}s")
         conn = wait_until(lambda: pg_connect(env, autocommit=False), 30, "a new connection")
+        delivery_timeout = query_one(conn, "SELECT current_setting('outbox.delivery_timeout')::interval")[0]
+        conn.rollback()
 
         # with nothing to publish, the relay finds out that Kafka is down
         def state():
