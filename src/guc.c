@@ -27,7 +27,16 @@ char	   *outbox_bootstrap_servers = NULL;
 char	   *outbox_topic_prefix = NULL;
 int			outbox_batch_size = 1000;
 int			outbox_poll_interval = 1000;
-char	   *outbox_kafka_properties = NULL;
+char	   *outbox_kafka_properties = "";
+
+/*
+ * The GUC variable of outbox.kafka_properties holds the value with secrets
+ * masked (see check_kafka_properties), so that no view of it (SHOW,
+ * pg_settings.setting and reset_val, log lines) can show them; the real
+ * value lives in the GUC's extra and outbox_kafka_properties points to it.
+ */
+static char *kafka_properties_masked = NULL;
+
 int			outbox_retention = 60;
 int			outbox_delivery_timeout = 30000;
 int			outbox_retry_backoff_max = 30000;
@@ -52,7 +61,7 @@ static const struct config_enum_entry on_failed_event_options[] = {
 static bool check_topic_prefix(char **newval, void **extra, GucSource source);
 static bool check_kafka_properties(char **newval, void **extra,
 								   GucSource source);
-static const char *show_kafka_properties(void);
+static void assign_kafka_properties(const char *newval, void *extra);
 static bool check_allowed_topics(char **newval, void **extra,
 								 GucSource source);
 static void assign_allowed_topics(const char *newval, void *extra);
@@ -124,11 +133,11 @@ outbox_define_gucs(void)
 	DefineCustomStringVariable("outbox.kafka_properties",
 							   "Extra librdkafka producer properties, as key=value;key=value.",
 							   "Applied after the relay's own defaults. Only superusers can see or set this.",
-							   &outbox_kafka_properties,
+							   &kafka_properties_masked,
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
-							   check_kafka_properties, NULL, show_kafka_properties);
+							   check_kafka_properties, assign_kafka_properties, NULL);
 
 	DefineCustomIntVariable("outbox.retention",
 							"How long published events are kept before the relay deletes them.",
@@ -272,6 +281,14 @@ static const char *const reserved_kafka_properties[] = {
 	"delivery.timeout.ms",
 	"enable.gapless.guarantee",
 	"log.queue",
+
+	/*
+	 * librdkafka runs sasl.kerberos.kinit.cmd through the shell, with the
+	 * principal and keytab pasted in, whenever this is not 0: a way to run
+	 * commands.  The relay sets it to 0; keep the Kerberos ticket cache
+	 * fresh outside the server (k5start, cron).
+	 */
+	"sasl.kerberos.min.time.before.relogin",
 	NULL
 };
 
@@ -374,6 +391,11 @@ outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
  * Reject a malformed outbox.kafka_properties when it is set, so that a typo
  * is reported by pg_reload_conf()'s log line and the old value stays in
  * effect.  The error text never includes the values: they may be secrets.
+ *
+ * A valid value is kept in *extra, and *newval is replaced with the same
+ * properties whose secret values (passwords, keys) read "********": that is
+ * all SHOW, current_setting() and every column of pg_settings can display,
+ * for every role.  ALTER SYSTEM still writes the value as given.
  */
 static bool
 check_kafka_properties(char **newval, void **extra, GucSource source)
@@ -381,6 +403,10 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 	OutboxKafkaProperty *props;
 	int			nprops;
 	char	   *error = NULL;
+	StringInfoData buf;
+	char	   *masked;
+	char	   *real;
+	int			i;
 
 	if (!outbox_parse_kafka_properties(*newval, &props, &nprops, &error))
 	{
@@ -389,39 +415,34 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
 		return false;
 	}
+
+	initStringInfo(&buf);
+	for (i = 0; i < nprops; i++)
+		appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
+						 kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
+
+	/* the GUC machinery free()s values and extras */
+	masked = strdup(buf.data);
+	real = strdup(*newval);
+	pfree(buf.data);
+	if (masked == NULL || real == NULL)
+	{
+		free(masked);
+		free(real);
+		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
+		GUC_check_errmsg("out of memory");
+		return false;
+	}
+	free(*newval);
+	*newval = masked;
+	*extra = real;
 	return true;
 }
 
-/*
- * What SHOW, current_setting() and pg_settings display for
- * outbox.kafka_properties: the properties with the values of secret ones
- * (passwords, keys) replaced by "********", for every role.  The relay uses
- * the real value.
- */
-static const char *
-show_kafka_properties(void)
+static void
+assign_kafka_properties(const char *newval, void *extra)
 {
-	static char *shown = NULL;
-	OutboxKafkaProperty *props;
-	int			nprops;
-	char	   *error;
-	StringInfoData buf;
-	MemoryContext oldcxt;
-	int			i;
-
-	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-	if (shown != NULL)
-		pfree(shown);
-	initStringInfo(&buf);
-	if (outbox_parse_kafka_properties(outbox_kafka_properties, &props, &nprops, &error))
-	{
-		for (i = 0; i < nprops; i++)
-			appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
-							 kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
-	}
-	shown = buf.data;
-	MemoryContextSwitchTo(oldcxt);
-	return shown;
+	outbox_kafka_properties = extra ? (char *) extra : "";
 }
 
 /*

@@ -93,6 +93,8 @@ static const char *const default_properties[][2] = {
 	/* reports, errors and logs reach us only through rd_kafka_poll() */
 	{"log.queue", "true"},
 	{"socket.keepalive.enable", "true"},
+	/* never run sasl.kerberos.kinit.cmd (a shell command): see guc.c */
+	{"sasl.kerberos.min.time.before.relogin", "0"},
 	{NULL, NULL}
 };
 
@@ -622,9 +624,19 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
 	OutboxProducer *producer = (OutboxProducer *) opaque;
 
+	/*
+	 * "1/1 brokers are down" follows the error that brought them down (a
+	 * refused SASL login, a TLS failure); keep that cause in the text.
+	 */
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN && producer->cause_text[0] != '\0')
+		snprintf(producer->last_error_text, sizeof(producer->last_error_text),
+				 "%s; last error: %s", reason, producer->cause_text);
+	else
+		snprintf(producer->last_error_text, sizeof(producer->last_error_text),
+				 "%s", reason);
+	if (err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+		snprintf(producer->cause_text, sizeof(producer->cause_text), "%s", reason);
 	producer->last_error = err;
-	snprintf(producer->last_error_text, sizeof(producer->last_error_text),
-			 "%s", reason);
 	producer->error_seq++;
 	if (err == RD_KAFKA_RESP_ERR__FATAL)
 		producer->fatal = true;

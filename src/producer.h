@@ -65,6 +65,7 @@ typedef struct OutboxProducer
 	uint64		error_seq;
 	rd_kafka_resp_err_t last_error;
 	char		last_error_text[512];
+	char		cause_text[256];	/* last error other than "all brokers down" */
 	bool		all_brokers_down;
 	/* librdkafka's log lines, passed on at DEBUG1 after each poll */
 	int			nlogs;

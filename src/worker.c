@@ -54,7 +54,7 @@
 
 /* backoff after an unexpected error, doubling up to the cap */
 #define ERROR_BACKOFF_MIN_MS	1000
-#define ERROR_BACKOFF_MAX_MS	30000
+#define ERROR_BACKOFF_MAX_MS	10000
 
 static OutboxProducer *producer = NULL;
 static OutboxRelayState state = OUTBOX_STATE_STARTING;
@@ -72,6 +72,7 @@ static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
 static void recover_from_error(void);
+static void wait_out_backoff(long ms);
 
 /*
  * outbox_register_worker
@@ -357,9 +358,35 @@ recover_from_error(void)
 
 	error_backoff_ms = error_backoff_ms == 0 ? ERROR_BACKOFF_MIN_MS :
 		Min(error_backoff_ms * 2, ERROR_BACKOFF_MAX_MS);
-	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					 error_backoff_ms, PG_WAIT_EXTENSION);
-	ResetLatch(MyLatch);
+	wait_out_backoff(error_backoff_ms);
+}
+
+/*
+ * Sleep for ms, whatever sets the latch in between: every commit that
+ * emitted does, and a relay that fails on each claim (a revoked privilege,
+ * say) must not fail once per commit.  Only SIGTERM (by way of
+ * CHECK_FOR_INTERRUPTS) and SIGHUP (the fix may be a new setting) cut it
+ * short.
+ */
+static void
+wait_out_backoff(long ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+
+	for (;;)
+	{
+		long		left;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+			break;
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		if (left <= 0)
+			break;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 left, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
 }
 
 /*
@@ -457,7 +484,10 @@ relay_step(void)
 		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN,
 						   result.first_error ? result.first_error : producer->last_error_text);
 	else if (result.published > 0)
+	{
 		outbox_enter_state(OUTBOX_STATE_PUBLISHING, NULL);
+		producer->cause_text[0] = '\0';
+	}
 	else if (producer->all_brokers_down && state != OUTBOX_STATE_BROKER_DOWN)
 	{
 		/* librdkafka also says this when an idle connection is closed */
