@@ -27,6 +27,7 @@ PG_FUNCTION_INFO_V1(outbox_emit);
 
 /* set by emit(), consumed by the transaction callback */
 static bool wake_at_commit = false;
+static bool control_at_commit = false;
 static bool xact_callback_registered = false;
 
 /* INSERT plan, prepared once per backend */
@@ -74,10 +75,10 @@ outbox_topic_is_legal(const char *topic, int len)
  *
  * A rolled-back transaction wakes nobody.  A prepared transaction (2PC) is
  * committed later, possibly by another session, so it relies on the relay's
- * poll interval instead.
+ * poll interval instead.  control: see outbox_wake_worker().
  */
 void
-outbox_register_wakeup_at_commit(void)
+outbox_register_wakeup_at_commit(bool control)
 {
 	if (!xact_callback_registered)
 	{
@@ -85,6 +86,7 @@ outbox_register_wakeup_at_commit(void)
 		xact_callback_registered = true;
 	}
 	wake_at_commit = true;
+	control_at_commit |= control;
 }
 
 static void
@@ -95,13 +97,15 @@ outbox_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			if (wake_at_commit)
-				outbox_wake_worker();
+				outbox_wake_worker(control_at_commit);
 			wake_at_commit = false;
+			control_at_commit = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
 			wake_at_commit = false;
+			control_at_commit = false;
 			break;
 		default:
 			break;
@@ -209,7 +213,7 @@ outbox_insert_event(const OutboxEvent *event)
 	memcpy(result, DatumGetPointer(event_id), UUID_LEN);
 	SPI_finish();
 
-	outbox_register_wakeup_at_commit();
+	outbox_register_wakeup_at_commit(false);
 	return result;
 }
 

@@ -56,7 +56,7 @@ run(const char *sql, int nargs, Oid *argtypes, Datum *values, bool wake)
 	SPI_finish();
 
 	if (n > 0 && wake)
-		outbox_register_wakeup_at_commit();
+		outbox_register_wakeup_at_commit(true);
 	return n;
 }
 
@@ -112,7 +112,7 @@ outbox_pause(PG_FUNCTION_ARGS)
 		" paused_at = pg_catalog.clock_timestamp(), paused_by = session_user"
 		" WHERE NOT paused", 0, NULL, NULL, false);
 	/* wake the relay even if it was paused already: it shows the state */
-	outbox_register_wakeup_at_commit();
+	outbox_register_wakeup_at_commit(true);
 	PG_RETURN_VOID();
 }
 
@@ -125,7 +125,7 @@ outbox_resume(PG_FUNCTION_ARGS)
 {
 	run("UPDATE outbox.relay SET paused = false, paused_at = NULL, paused_by = NULL"
 		" WHERE paused", 0, NULL, NULL, false);
-	outbox_register_wakeup_at_commit();
+	outbox_register_wakeup_at_commit(true);
 	PG_RETURN_VOID();
 }
 

@@ -103,6 +103,7 @@ typedef struct OutboxShared
 	/* the running relay worker, 0 if none */
 	pid_t		worker_pid;
 	Latch	   *worker_latch;	/* set at commit by emitting backends */
+	uint32		control_seq;	/* bumped at commit of pause(), resume() etc. */
 	Oid			database_oid;	/* database the worker is connected to */
 	char		database_name[NAMEDATALEN];
 	TimestampTz started_at;
@@ -128,7 +129,8 @@ extern void outbox_shared_set_error(const char *error);
 extern void outbox_shared_count(int64 published, int64 failed,
 								int64 delivery_errors);
 extern const char *outbox_state_name(OutboxRelayState state);
-extern void outbox_wake_worker(void);
+extern void outbox_wake_worker(bool control);
+extern uint32 outbox_control_seq(void);
 
 /*
  * emit.c: writing events
@@ -147,7 +149,7 @@ extern bool outbox_topic_is_legal(const char *topic, int len);
 extern void outbox_validate_topic(text *topic, text *aggregate_type,
 								  const char *context);
 extern pg_uuid_t *outbox_insert_event(const OutboxEvent *event);
-extern void outbox_register_wakeup_at_commit(void);
+extern void outbox_register_wakeup_at_commit(bool control);
 
 /*
  * worker.c

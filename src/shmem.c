@@ -206,18 +206,24 @@ outbox_state_name(OutboxRelayState state)
  * outbox_wake_worker
  *		Set the relay worker's latch if it serves the current database.
  *
+ * control: the commit changed how the relay must run (pause(), resume(),
+ * replay(), retry_failed()); a paused relay wakes up only for these, not for
+ * every commit that emitted.
+ *
  * Called at commit of a transaction that emitted.  A stale latch pointer
  * (worker just exited) is harmless: latches live in the PGPROC array, so the
  * worst case is one spurious wake-up of whichever process reuses the slot.
  */
 void
-outbox_wake_worker(void)
+outbox_wake_worker(bool control)
 {
 	Latch	   *latch = NULL;
 
 	if (outbox_shared == NULL)
 		return;
 	SpinLockAcquire(&outbox_shared->mutex);
+	if (control)
+		outbox_shared->control_seq++;
 	if (outbox_shared->worker_pid != 0 &&
 		outbox_shared->database_oid == MyDatabaseId)
 		latch = outbox_shared->worker_latch;
@@ -225,4 +231,19 @@ outbox_wake_worker(void)
 
 	if (latch != NULL)
 		SetLatch(latch);
+}
+
+/*
+ * outbox_control_seq
+ *		How many control commits (see outbox_wake_worker) there have been.
+ */
+uint32
+outbox_control_seq(void)
+{
+	uint32		seq;
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	seq = outbox_shared->control_seq;
+	SpinLockRelease(&outbox_shared->mutex);
+	return seq;
 }

@@ -72,7 +72,7 @@ static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
 static void recover_from_error(void);
-static void wait_out_backoff(long ms);
+static void wait_out(long ms, bool control_ends_it, uint32 control_seq);
 
 /*
  * outbox_register_worker
@@ -301,6 +301,7 @@ relay_loop(void)
 		long		sleep_ms;
 		int			events;
 		int			rc;
+		uint32		control_seq;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -308,11 +309,25 @@ relay_loop(void)
 
 		MemoryContextReset(worker_context);
 		MemoryContextSwitchTo(worker_context);
+		control_seq = outbox_control_seq();
 		sleep_ms = relay_step();
 		error_backoff_ms = 0;
 
 		if (sleep_ms <= 0)
 			continue;
+
+		/*
+		 * Paused: every commit that emits still sets our latch, and looking
+		 * at outbox.relay for each would cost the emitting sessions CPU for
+		 * nothing.  Sleep the poll interval, or until resume() commits.
+		 */
+		if (state == OUTBOX_STATE_PAUSED)
+		{
+			wait_out(sleep_ms, true, control_seq);
+			if (producer != NULL)
+				outbox_producer_serve(producer);
+			continue;
+		}
 
 		events = WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH;
 		if (producer != NULL)
@@ -358,18 +373,19 @@ recover_from_error(void)
 
 	error_backoff_ms = error_backoff_ms == 0 ? ERROR_BACKOFF_MIN_MS :
 		Min(error_backoff_ms * 2, ERROR_BACKOFF_MAX_MS);
-	wait_out_backoff(error_backoff_ms);
+	wait_out(error_backoff_ms, false, 0);
 }
 
 /*
  * Sleep for ms, whatever sets the latch in between: every commit that
  * emitted does, and a relay that fails on each claim (a revoked privilege,
  * say) must not fail once per commit.  Only SIGTERM (by way of
- * CHECK_FOR_INTERRUPTS) and SIGHUP (the fix may be a new setting) cut it
- * short.
+ * CHECK_FOR_INTERRUPTS), SIGHUP (the fix may be a new setting) and, if
+ * control_ends_it, a control commit after control_seq was read (resume(),
+ * see outbox_wake_worker) cut it short.
  */
 static void
-wait_out_backoff(long ms)
+wait_out(long ms, bool control_ends_it, uint32 control_seq)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
 
@@ -379,6 +395,8 @@ wait_out_backoff(long ms)
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
+			break;
+		if (control_ends_it && outbox_control_seq() != control_seq)
 			break;
 		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
 		if (left <= 0)
