@@ -100,6 +100,11 @@ outbox_capture(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
 				 errmsg("%sthe aggregate type (argument 1) must not be empty", context)));
+	if (trigger->tgnargs == 3 && trigger->tgargs[2][0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("%sthe topic (argument 3) must not be empty", context),
+				 errhint("Leave the argument out to route events by aggregate type.")));
 
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 	{
@@ -128,8 +133,7 @@ outbox_capture(PG_FUNCTION_ARGS)
 										 trigger->tgargs[1], context);
 	event.event_type = cstring_to_text(psprintf("%s.%s", get_rel_name(root), op));
 	event.headers = NULL;
-	event.topic = trigger->tgnargs == 3 && trigger->tgargs[2][0] != '\0' ?
-		cstring_to_text(trigger->tgargs[2]) : NULL;
+	event.topic = trigger->tgnargs == 3 ? cstring_to_text(trigger->tgargs[2]) : NULL;
 	outbox_validate_topic(event.topic, event.aggregate_type, context);
 
 	initStringInfo(&payload);
@@ -196,8 +200,16 @@ aggregate_id_of(TriggerData *trigdata, HeapTuple tuple, const char *key_columns,
 			name++;
 		while (*name && name[strlen(name) - 1] == ' ')
 			name[strlen(name) - 1] = '\0';
-		if (*name)
-			names = lappend(names, name);
+		if (*name == '\0')
+			continue;
+		foreach(lc, names)
+		{
+			if (strcmp((char *) lfirst(lc), name) == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+						 errmsg("%skey column \"%s\" is listed twice", context, name)));
+		}
+		names = lappend(names, name);
 	}
 	if (names == NIL)
 		ereport(ERROR,

@@ -37,6 +37,8 @@ static void outbox_xact_callback(XactEvent event, void *arg);
 static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
 							   const char *name);
 static void validate_headers(Jsonb *headers);
+static void check_length(text *value, const char *name, int max);
+static bool topic_is_internal(const char *name);
 static const char *jsonb_type_name(JsonbValue *v);
 
 /*
@@ -129,6 +131,8 @@ outbox_xact_callback(XactEvent event, void *arg)
  *		  JSON object of string values or uses a reserved name; topic (or,
  *		  when topic is NULL, outbox.topic_prefix || aggregate_type) is not a
  *		  legal Kafka topic name;
+ *	22001 (string_data_right_truncation): aggregate_type is longer than 255
+ *		  bytes or aggregate_id longer than 1024 bytes;
  *	42501 (insufficient_privilege): outbox.allowed_topics does not allow
  *		  the topic.
  */
@@ -157,8 +161,10 @@ outbox_emit(PG_FUNCTION_ARGS)
  *		transaction and make its commit wake the relay.
  *
  * The caller has checked the arguments (outbox_validate_topic() for the
- * topic).  Returns the new event_id, palloc'd in the caller's context.
- * Raises ERROR if the INSERT fails (e.g. the extension is being dropped).
+ * topic); the lengths of aggregate_type and aggregate_id are checked here,
+ * for every caller (22001).  Returns the new event_id, palloc'd in the
+ * caller's context.  Raises ERROR if the INSERT fails (e.g. the extension
+ * is being dropped).
  */
 pg_uuid_t *
 outbox_insert_event(const OutboxEvent *event)
@@ -169,6 +175,9 @@ outbox_insert_event(const OutboxEvent *event)
 	Datum		event_id;
 	pg_uuid_t  *result;
 	int			ret;
+
+	check_length(event->aggregate_type, "aggregate_type", OUTBOX_AGGREGATE_TYPE_MAX_BYTES);
+	check_length(event->aggregate_id, "aggregate_id", OUTBOX_AGGREGATE_ID_MAX_BYTES);
 
 	values[0] = PointerGetDatum(event->aggregate_type);
 	values[1] = PointerGetDatum(event->aggregate_id);
@@ -215,6 +224,42 @@ outbox_insert_event(const OutboxEvent *event)
 
 	outbox_register_wakeup_at_commit(false);
 	return result;
+}
+
+/*
+ * Kafka's internal topics: a producer cannot write to them, so an event
+ * for one could only ever become a dead letter.
+ */
+static bool
+topic_is_internal(const char *name)
+{
+	static const char *const internal[] = {
+		"__consumer_offsets", "__transaction_state", "__share_group_state",
+		"__cluster_metadata", NULL
+	};
+	int			i;
+
+	for (i = 0; internal[i] != NULL; i++)
+		if (strcmp(name, internal[i]) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * An aggregate type or id longer than max bytes would fail later, in the
+ * relay's index (see OUTBOX_AGGREGATE_ID_MAX_BYTES): refuse it now.
+ */
+static void
+check_length(text *value, const char *name, int max)
+{
+	int			len = VARSIZE_ANY_EXHDR(value);
+
+	if (len > max)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", name),
+				 errdetail("It is %d bytes; at most %d bytes are allowed.", len, max),
+				 errhint("Use a shorter identifier, e.g. a hash of it.")));
 }
 
 /*
@@ -351,6 +396,12 @@ outbox_validate_topic(text *topic, text *aggregate_type, const char *context)
 					 errhint("Pass an explicit topic, or use an aggregate_type that fits outbox.topic_prefix (currently \"%s\").",
 							 outbox_topic_prefix)));
 	}
+
+	if (topic_is_internal(name))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%stopic \"%s\" is internal to Kafka", context, name),
+				 errdetail("Kafka refuses to take events for its internal topics.")));
 
 	if (!outbox_topic_is_allowed(name))
 		ereport(ERROR,

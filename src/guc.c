@@ -281,6 +281,10 @@ static const char *const reserved_kafka_properties[] = {
 	"delivery.timeout.ms",
 	"enable.gapless.guarantee",
 	"log.queue",
+	/* key -> partition must match the Java client's, and keep an aggregate on one partition */
+	"partitioner",
+	/* the relay is not a transactional producer */
+	"transactional.id",
 
 	/*
 	 * librdkafka runs sasl.kerberos.kinit.cmd through the shell, with the
@@ -334,6 +338,7 @@ outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
 		char	   *eq;
 		char	   *key;
 		char	   *value;
+		const char *bare;
 		int			i;
 
 		item = trim_whitespace(item);
@@ -356,9 +361,12 @@ outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
 			*error = psprintf("item %d has an empty key", position);
 			return false;
 		}
+		/* librdkafka also takes topic properties as "topic.<name>" */
+		bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
 		for (i = 0; reserved_kafka_properties[i] != NULL; i++)
 		{
-			if (pg_strcasecmp(key, reserved_kafka_properties[i]) == 0)
+			if (pg_strcasecmp(key, reserved_kafka_properties[i]) == 0 ||
+				pg_strcasecmp(bare, reserved_kafka_properties[i]) == 0)
 			{
 				*error = psprintf("property \"%s\" is set by the relay itself and cannot be overridden", key);
 				return false;
@@ -367,6 +375,7 @@ outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
 		for (i = 0; forbidden_kafka_properties[i] != NULL; i++)
 		{
 			if (pg_strcasecmp(key, forbidden_kafka_properties[i]) == 0 ||
+				pg_strcasecmp(bare, forbidden_kafka_properties[i]) == 0 ||
 				pg_strncasecmp(key, "ssl.engine.", 11) == 0)
 			{
 				*error = psprintf("property \"%s\" would load code or run a command in the server and is not allowed", key);
@@ -480,6 +489,13 @@ check_allowed_topics(char **newval, void **extra, GucSource source)
 		}
 		memcpy(out, item, n + 1);
 		out += n + 1;
+	}
+	/* "," alone would silently allow every topic, like the empty string */
+	if (out == list && strchr(*newval, ',') != NULL)
+	{
+		GUC_check_errdetail("The list names no topic; set it to an empty string to allow every topic.");
+		free(list);
+		return false;
 	}
 	*out = '\0';
 	*extra = list;

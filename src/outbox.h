@@ -31,6 +31,14 @@
 /* Kafka's limit on topic names (see Kafka's Topic.validate) */
 #define OUTBOX_TOPIC_MAX_LEN	249
 
+/*
+ * Longest aggregate_type and aggregate_id (bytes).  Both go into the btree
+ * index the relay uses to find failed events of an aggregate, whose entries
+ * cannot exceed about 2.7 kB; the aggregate id is also the Kafka key.
+ */
+#define OUTBOX_AGGREGATE_TYPE_MAX_BYTES	255
+#define OUTBOX_AGGREGATE_ID_MAX_BYTES	1024
+
 /* Headers every message carries before the user's own (reserved names) */
 #define OUTBOX_HEADER_ID				"id"
 #define OUTBOX_HEADER_EVENT_TYPE		"event_type"

@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "miscadmin.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -39,6 +40,10 @@
 
 /* how long a topic error from the metadata is trusted before asking again */
 #define TOPIC_ERROR_RECHECK_MS	1000
+
+/* how long a new topic may take to be auto-created by the broker */
+#define TOPIC_CREATE_WAIT_MS	1500
+#define TOPIC_CREATE_POLL_MS	50
 
 typedef struct TopicEntry
 {
@@ -362,6 +367,29 @@ check_topic(OutboxProducer *producer, TopicEntry *entry)
 }
 
 /*
+ * A broker with auto.create.topics.enable answers the first metadata
+ * request for a new topic with UNKNOWN_TOPIC_OR_PART and creates it
+ * meanwhile: ask again for a moment before taking the topic as refused, so
+ * that the first event to a new topic does not count as a failed attempt.
+ * Done once per topic and producer; a topic that stays unknown costs
+ * TOPIC_CREATE_WAIT_MS once.
+ */
+static void
+wait_for_topic_creation(OutboxProducer *producer, TopicEntry *entry)
+{
+	int			waited = 0;
+
+	while (entry->error == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
+		   waited < TOPIC_CREATE_WAIT_MS)
+	{
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(TOPIC_CREATE_POLL_MS * 1000L);
+		waited += TOPIC_CREATE_POLL_MS;
+		check_topic(producer, entry);
+	}
+}
+
+/*
  * The handle of a topic, created on first use, and whether the cluster
  * refuses it (*error).
  *
@@ -400,6 +428,7 @@ topic_handle(OutboxProducer *producer, const char *name, rd_kafka_resp_err_t *er
 			return NULL;
 		}
 		check_topic(producer, entry);
+		wait_for_topic_creation(producer, entry);
 	}
 	else if (entry->error != RD_KAFKA_RESP_ERR_NO_ERROR &&
 			 TimestampDifferenceExceeds(entry->checked_at, GetCurrentTimestamp(),

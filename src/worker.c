@@ -185,7 +185,11 @@ connect_to_database(void)
 /*
  * True if the database exists and accepts connections (datallowconn; it is
  * off e.g. while a restore loads it).  Scans the shared pg_database, which
- * a worker without a database connection can read.
+ * a worker without a database connection can read, but only the heap: the
+ * relcache entries of shared catalogs' indexes may have to be read from
+ * pg_class, which needs a database ("cannot read pg_class without having
+ * selected a database"), until some backend has written the shared
+ * relcache init file.
  */
 static bool
 database_accepts_connections(const char *name)
@@ -199,7 +203,7 @@ database_accepts_connections(const char *name)
 	rel = table_open(DatabaseRelationId, AccessShareLock);
 	ScanKeyInit(&key, Anum_pg_database_datname, BTEqualStrategyNumber, F_NAMEEQ,
 				CStringGetDatum(name));
-	scan = systable_beginscan(rel, DatabaseNameIndexId, true, NULL, 1, &key);
+	scan = systable_beginscan(rel, DatabaseNameIndexId, false, NULL, 1, &key);
 	tuple = systable_getnext(scan);
 	if (HeapTupleIsValid(tuple))
 		result = ((Form_pg_database) GETSTRUCT(tuple))->datallowconn;
@@ -210,18 +214,27 @@ database_accepts_connections(const char *name)
 
 /*
  * True if the role exists and has LOGIN, which a background worker's
- * connection needs as much as a client's.
+ * connection needs as much as a client's.  A heap scan of pg_authid, for
+ * the reason given above.
  */
 static bool
 role_can_log_in(const char *name)
 {
-	HeapTuple	tuple = SearchSysCache1(AUTHNAME, PointerGetDatum(name));
-	bool		result;
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tuple;
+	bool		result = false;
 
-	if (!HeapTupleIsValid(tuple))
-		return false;
-	result = ((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin;
-	ReleaseSysCache(tuple);
+	rel = table_open(AuthIdRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_authid_rolname, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum(name));
+	scan = systable_beginscan(rel, AuthIdRolnameIndexId, false, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		result = ((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
 	return result;
 }
 

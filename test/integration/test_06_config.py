@@ -77,7 +77,14 @@ def test_invalid_kafka_property_is_logged_once_and_fixed_by_reload(env, conn, pr
 def test_malformed_or_reserved_kafka_properties_are_refused(env, conn):
     # ALTER SYSTEM checks the value at once; the message never quotes it (it may hold a secret)
     for value, detail in (("sasl.password", "item 1 is not of the form key=value"),
-                          ("acks=1", 'property "acks" is set by the relay itself')):
+                          ("acks=1", 'property "acks" is set by the relay itself'),
+                          # per-aggregate order needs the Java client's key -> partition mapping
+                          ("partitioner=random", 'property "partitioner" is set by the relay itself'),
+                          ("topic.partitioner=random",
+                           'property "topic.partitioner" is set by the relay itself'),
+                          ("TOPIC.ACKS=0", 'property "TOPIC.ACKS" is set by the relay itself'),
+                          # the relay is no transactional producer: it would flap between states
+                          ("transactional.id=x", 'property "transactional.id" is set by the relay itself')):
         with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
             query(conn, f"ALTER SYSTEM SET outbox.kafka_properties = '{value}'")
         assert detail in str(e.value), str(e.value)
@@ -100,6 +107,15 @@ def test_malformed_or_reserved_kafka_properties_are_refused(env, conn):
     finally:
         conf.write_text(original)
         query(conn, "SELECT pg_reload_conf()")
+
+
+def test_allowed_topics_without_a_topic_is_refused(env, conn):
+    # "," would otherwise allow every topic, like the empty string
+    for value in (",", " , ,, "):
+        with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+            query(conn, "ALTER SYSTEM SET outbox.allowed_topics = %s", (value,))
+        assert "names no topic" in str(e.value), str(e.value)
+    assert query_one(conn, "SHOW outbox.allowed_topics")[0] == ""
 
 
 def test_empty_bootstrap_servers_idles_then_reload_resumes(env, conn, prefix, reader_factory):
@@ -167,3 +183,25 @@ def test_retention_deletes_published_events(env, conn, prefix, reader_factory):
                    10, "events to be deleted on acknowledgement")
     finally:
         set_conf(conn, retention=None)
+
+
+def test_first_event_to_an_auto_created_topic_is_no_failed_attempt(env, conn):
+    # the broker creates the topic when the relay first asks for it; that first answer says
+    # "unknown topic", which must not count as an attempt (with max_attempts = 1 it would
+    # make the event a dead letter)
+    agg_type = new_aggregate_type("autocreate")
+    topic = "it.autocreate." + agg_type
+    try:
+        set_conf(conn, max_attempts=1)
+        time.sleep(1)
+        event_id = query_one(conn, "SELECT outbox.emit(%s, 'a1', 'created', '{}', NULL, %s)",
+                             (agg_type, topic))[0]
+        row = wait_until(lambda: (lambda r: r if r[0] is not None or r[2] is not None else None)(
+            query_one(conn, "SELECT published_at, attempts, failed_at, last_error FROM outbox.events"
+                            " WHERE event_id = %s", (event_id,))), 30, "the event to be published")
+        assert row[0] is not None and row[1] == 0 and row[2] is None, \
+            f"first event to a new topic: published_at {row[0]}, attempts {row[1]}, failed_at {row[2]}, {row[3]!r}"
+    finally:
+        set_conf(conn, max_attempts=None)
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+              (agg_type,))

@@ -25,6 +25,7 @@ from helpers_lifecycle import (Emitter, connect_db, count_check, error_lines_of,
 WAITING_EXT = "waiting for CREATE EXTENSION outbox"
 PROBE_DB = "outbox_probe"
 DROP_DATABASE_LIMIT_S = 5.0      # DROP DATABASE of a tiny, unused database: "a few seconds"
+QUIET_AFTER_RESTART_S = 12     # < MISSING_DB_OBSERVE_S; covers two worker restart intervals
 MISSING_DB_OBSERVE_S = 20
 MAX_EXITS_WHILE_MISSING = 2      # the first connection attempt fails once (FATAL), then it waits
 NOCONN_OBSERVE_S = 12
@@ -211,6 +212,9 @@ def test_database_missing_or_closed_waits_without_crash_loop(env, reader_factory
         watcher = LogWatcher(other)
         pg_sh(other, "restart")
         t0 = time.monotonic()
+        # no client connects for a while: until one does, no backend has written the shared
+        # relcache init file, and a worker without a database must still be able to look for it
+        time.sleep(QUIET_AFTER_RESTART_S)
         probe = wait_until(lambda: connect_db(other, PROBE_DB), 30, "a connection")
         states = []
         while time.monotonic() - t0 < MISSING_DB_OBSERVE_S:
@@ -230,6 +234,8 @@ def test_database_missing_or_closed_waits_without_crash_loop(env, reader_factory
         assert len(exits) <= MAX_EXITS_WHILE_MISSING, "crash loop:\n" + "\n".join(exits)
         assert len(waiting) == 1, "\n".join(lines[-30:])
         assert len(fatal) <= 1, fatal
+        pg_class = [ln for ln in lines if "cannot read pg_class" in ln]
+        assert not pg_class, "the waiting worker needs a database to look for one:\n" + "\n".join(pg_class)
         assert all(s is None or s[1] == wait_pid for s in states[len(states) // 2:]), states
 
         # another database comes and goes while the worker waits

@@ -122,6 +122,21 @@ DROP TRIGGER bad_topic ON bad;
 CREATE TRIGGER bad_route AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('not/routable', 'id');
 INSERT INTO bad VALUES (1, 'x');
 DROP TRIGGER bad_route ON bad;
+-- an empty topic argument is a mistake, not "routed"
+CREATE TRIGGER bad_empty_topic AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'id', '');
+INSERT INTO bad VALUES (1, 'x');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_empty_topic ON bad;
+-- a key column listed twice
+CREATE TRIGGER bad_twice AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'id, id');
+INSERT INTO bad VALUES (1, 'x');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_twice ON bad;
+-- an aggregate id over 1024 bytes
+CREATE TRIGGER bad_long AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'id, k');
+INSERT INTO bad VALUES (1, repeat('x', 1100));
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_long ON bad;
 SELECT outbox.capture();
 SELECT count(*) = :n AS nothing_written FROM outbox.events;
 

@@ -188,6 +188,25 @@ SELECT outbox.emit(repeat('a', 237), '1', 'e', '{}');
 SELECT :'ERROR' AS failed, :'LAST_ERROR_SQLSTATE' AS sqlstate, count(*) = :n AS nothing_written FROM outbox.events;
 
 --
+-- aggregate_type and aggregate_id are indexed by the relay: at most 255 and
+-- 1024 bytes (22001), checked in bytes, not characters
+--
+SELECT count(*) AS n FROM outbox.events \gset
+SELECT outbox.emit('order', repeat('k', 1025), 'e', '{}');
+SELECT :'ERROR' AS failed, :'LAST_ERROR_SQLSTATE' AS sqlstate, count(*) = :n AS nothing_written FROM outbox.events;
+SELECT outbox.emit('order', repeat('k', 1023) || 'é', 'e', '{}');
+SELECT :'ERROR' AS failed, :'LAST_ERROR_SQLSTATE' AS sqlstate, count(*) = :n AS nothing_written FROM outbox.events;
+SELECT outbox.emit(repeat('t', 256), '1', 'e', '{}', NULL, 'explicit');
+SELECT :'ERROR' AS failed, :'LAST_ERROR_SQLSTATE' AS sqlstate, count(*) = :n AS nothing_written FROM outbox.events;
+BEGIN;
+SELECT outbox.emit(repeat('t', 255), repeat('k', 1024), 'e', '{}', NULL, 'explicit') IS NOT NULL AS longest_accepted;
+ROLLBACK;
+
+-- Kafka's internal topics take no events
+SELECT outbox.emit('order', '1', 'e', '{}', NULL, '__consumer_offsets');
+SELECT :'ERROR' AS failed, :'LAST_ERROR_SQLSTATE' AS sqlstate, count(*) = :n AS nothing_written FROM outbox.events;
+
+--
 -- outbox.topic_prefix is PGC_SIGHUP: a session cannot change it
 --
 SET outbox.topic_prefix = 'other.';
