@@ -25,7 +25,7 @@
 char	   *outbox_database = NULL;
 char	   *outbox_bootstrap_servers = NULL;
 char	   *outbox_topic_prefix = NULL;
-int			outbox_batch_size = 1000;
+int			outbox_batch_size = 5000;
 int			outbox_poll_interval = 1000;
 char	   *outbox_kafka_properties = "";
 
@@ -114,9 +114,9 @@ outbox_define_gucs(void)
 
 	DefineCustomIntVariable("outbox.batch_size",
 							"Maximum number of events the relay claims and publishes per transaction.",
-							NULL,
+							"Larger batches spread the cost of each transaction over more events; a crash may send the batch in flight again.",
 							&outbox_batch_size,
-							1000, 1, 100000,
+							5000, 1, 100000,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);

@@ -98,6 +98,8 @@ static const char *const default_properties[][2] = {
 	/* reports, errors and logs reach us only through rd_kafka_poll() */
 	{"log.queue", "true"},
 	{"socket.keepalive.enable", "true"},
+	/* small produce requests go out at once, not after the peer's ACK */
+	{"socket.nagle.disable", "true"},
 	/* never run sasl.kerberos.kinit.cmd (a shell command): see guc.c */
 	{"sasl.kerberos.min.time.before.relogin", "0"},
 	{NULL, NULL}
