@@ -224,8 +224,10 @@ outbox_wake_worker(bool control)
 	SpinLockAcquire(&outbox_shared->mutex);
 	if (control)
 		outbox_shared->control_seq++;
+	/* a paused relay has no use for a wake-up per commit (see worker.c) */
 	if (outbox_shared->worker_pid != 0 &&
-		outbox_shared->database_oid == MyDatabaseId)
+		outbox_shared->database_oid == MyDatabaseId &&
+		(control || outbox_shared->state != OUTBOX_STATE_PAUSED))
 		latch = outbox_shared->worker_latch;
 	SpinLockRelease(&outbox_shared->mutex);
 

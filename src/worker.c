@@ -183,59 +183,59 @@ connect_to_database(void)
 }
 
 /*
+ * The row of a shared catalog (pg_database, pg_authid) whose name column
+ * equals name, copied, or NULL.  A worker without a database connection
+ * can read shared catalogs, but only their heaps: the relcache entries of
+ * their indexes may have to be read from pg_class, which needs a database
+ * ("cannot read pg_class without having selected a database"), until some
+ * backend has written the shared relcache init file.  Call in a
+ * transaction.
+ */
+static HeapTuple
+shared_catalog_row(Oid relid, Oid name_index, AttrNumber name_attnum,
+				   const char *name)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tuple;
+
+	rel = table_open(relid, AccessShareLock);
+	ScanKeyInit(&key, name_attnum, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum(name));
+	scan = systable_beginscan(rel, name_index, false, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		tuple = heap_copytuple(tuple);
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return tuple;
+}
+
+/*
  * True if the database exists and accepts connections (datallowconn; it is
- * off e.g. while a restore loads it).  Scans the shared pg_database, which
- * a worker without a database connection can read, but only the heap: the
- * relcache entries of shared catalogs' indexes may have to be read from
- * pg_class, which needs a database ("cannot read pg_class without having
- * selected a database"), until some backend has written the shared
- * relcache init file.
+ * off e.g. while a restore loads it).
  */
 static bool
 database_accepts_connections(const char *name)
 {
-	Relation	rel;
-	SysScanDesc scan;
-	ScanKeyData key;
-	HeapTuple	tuple;
-	bool		result = false;
+	HeapTuple	tuple = shared_catalog_row(DatabaseRelationId, DatabaseNameIndexId,
+										   Anum_pg_database_datname, name);
 
-	rel = table_open(DatabaseRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_database_datname, BTEqualStrategyNumber, F_NAMEEQ,
-				CStringGetDatum(name));
-	scan = systable_beginscan(rel, DatabaseNameIndexId, false, NULL, 1, &key);
-	tuple = systable_getnext(scan);
-	if (HeapTupleIsValid(tuple))
-		result = ((Form_pg_database) GETSTRUCT(tuple))->datallowconn;
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return result;
+	return tuple != NULL && ((Form_pg_database) GETSTRUCT(tuple))->datallowconn;
 }
 
 /*
  * True if the role exists and has LOGIN, which a background worker's
- * connection needs as much as a client's.  A heap scan of pg_authid, for
- * the reason given above.
+ * connection needs as much as a client's.
  */
 static bool
 role_can_log_in(const char *name)
 {
-	Relation	rel;
-	SysScanDesc scan;
-	ScanKeyData key;
-	HeapTuple	tuple;
-	bool		result = false;
+	HeapTuple	tuple = shared_catalog_row(AuthIdRelationId, AuthIdRolnameIndexId,
+										   Anum_pg_authid_rolname, name);
 
-	rel = table_open(AuthIdRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_authid_rolname, BTEqualStrategyNumber, F_NAMEEQ,
-				CStringGetDatum(name));
-	scan = systable_beginscan(rel, AuthIdRolnameIndexId, false, NULL, 1, &key);
-	tuple = systable_getnext(scan);
-	if (HeapTupleIsValid(tuple))
-		result = ((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin;
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return result;
+	return tuple != NULL && ((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin;
 }
 
 /*

@@ -1,0 +1,758 @@
+#!/usr/bin/python3
+"""The outbox benchmark, all sections in one run (started by bench/run.sh, which starts and stops
+the servers).  Writes bench/results/latest.json (raw numbers) and latest.md (tables).
+
+Sections (see bench/README.md):
+  1  emit cost: pgbench TPS of order+emit(), order+plain-table insert, order alone
+  2  relay drain of a committed backlog: this extension, Debezium embedded, a Python poller
+  3  commit-to-consumer latency at a steady rate, for the same three
+  4  outbox table growth around the extension's drains (retention 0 and 60 s)
+"""
+
+import csv
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import confluent_kafka
+import psycopg
+
+import common
+from common import env_int, env_str
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
+REPO = os.path.dirname(BENCH)
+PY = "/usr/bin/python3"
+JAVA = os.path.join(env_str("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64"), "bin", "java")
+
+EVENTS = env_int("BENCH_EVENTS", 1000000)
+# the per-message-flush poller manages hundreds to a few thousand events/s: it drains a smaller
+# backlog of its own (its events/s is what is compared)
+POLLER_EVENTS = env_int("BENCH_POLLER_EVENTS", min(100000, EVENTS))
+AGGREGATES = env_int("BENCH_AGGREGATES", 10000)
+PGBENCH_SECONDS = env_int("BENCH_PGBENCH_SECONDS", 30)
+PGBENCH_ROUNDS = env_int("BENCH_PGBENCH_ROUNDS", 2)
+LATENCY_SECONDS = env_int("BENCH_LATENCY_SECONDS", 60)
+RATE = env_int("BENCH_RATE", 1000)
+WARMUP_SECONDS = env_int("BENCH_WARMUP_SECONDS", 5)
+CHUNK = 100000
+# Debezium's poll.interval.ms in the latency run: its default (500) makes every batch wait that long
+# when the 2,048-record batch does not fill; 10 ms is the latency setting, like the poller's 0 ms
+DBZ_LATENCY_POLL_MS = env_int("BENCH_DBZ_POLL_MS", 10)
+WORK = env_str("BENCH_WORK_DIR", "/tmp/outbox-bench-work")
+RESULTS = env_str("BENCH_RESULTS_DIR", os.path.join(BENCH, "results"))
+MAX_OTHER_CORES = float(env_str("BENCH_MAX_OTHER_CORES", "0.5"))
+QUIET_WAIT = env_int("BENCH_QUIET_WAIT", 60)
+RUN_ID = datetime.datetime.now().strftime("%Y%m%d%H%M%S")
+
+
+def log(msg):
+    print("[%s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+def pct(values, p):
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+class Bench:
+    def __init__(self):
+        os.makedirs(WORK, exist_ok=True)
+        os.makedirs(RESULTS, exist_ok=True)
+        self.conn = None
+        self.connect()
+        self.res = {
+            "run_id": RUN_ID,
+            "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "params": {"events": EVENTS, "poller_events": POLLER_EVENTS, "aggregates": AGGREGATES, "pgbench_seconds": PGBENCH_SECONDS, "pgbench_rounds": PGBENCH_ROUNDS,
+                       "latency_seconds": LATENCY_SECONDS, "rate": RATE,
+                       "warmup_seconds": WARMUP_SECONDS, "pgbench_clients": 8},
+            "sections": {},
+            "quiet_checks": [],
+            "notes": [],
+        }
+        self.kafka_pid = int(open(os.path.join(env_str("OUTBOX_KAFKA_DIR", "/tmp/outbox-bench-kafka"),
+                                               "broker.pid")).read().strip())
+        self.has_pause = False
+
+    # ------------------------------------------------------------------ database helpers
+
+    def connect(self):
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+        self.conn = psycopg.connect(common.pg_conninfo(), autocommit=True)
+
+    def q(self, sql, params=None):
+        cur = self.conn.execute(sql, params)
+        return cur.fetchall() if cur.description else None
+
+    def q1(self, sql, params=None):
+        rows = self.q(sql, params)
+        return rows[0][0] if rows else None
+
+    def postmaster_pid(self):
+        with open(os.path.join(env_str("OUTBOX_PG_DIR", "/tmp/outbox-bench-pg"), "data",
+                               "postmaster.pid")) as f:
+            return int(f.readline())
+
+    def relay_pid(self):
+        return self.q1("SELECT pid FROM outbox.worker_status()")
+
+    def relay_state(self):
+        return self.q1("SELECT state FROM outbox.worker_status()")
+
+    def meter(self):
+        return common.CpuMeter(self.postmaster_pid(), self.kafka_pid, self.relay_pid())
+
+    def wait_for(self, what, fn, timeout, interval=0.1):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            v = fn()
+            if v:
+                return v
+            time.sleep(interval)
+        raise RuntimeError("timed out after %ss waiting for %s" % (timeout, what))
+
+    def pg_restart(self):
+        subprocess.run([os.path.join(REPO, "test/env/pg.sh"), "restart"], check=True)
+        self.wait_for("postgres", self._try_connect, 60, 0.5)
+
+    def _try_connect(self):
+        try:
+            self.connect()
+            return True
+        except Exception:
+            return False
+
+    def pause(self):
+        if self.has_pause:
+            self.q("SELECT outbox.pause()")
+            self.wait_for("relay paused", lambda: self.relay_state() == "paused", 30)
+        else:
+            self.q("ALTER SYSTEM SET outbox.bootstrap_servers = ''")
+            self.q("SELECT pg_reload_conf()")
+            self.wait_for("relay unconfigured", lambda: self.relay_state() == "not_configured", 30)
+
+    def resume(self):
+        if self.has_pause:
+            self.q("SELECT outbox.resume()")
+        else:
+            self.q("ALTER SYSTEM RESET outbox.bootstrap_servers")
+            self.q("SELECT pg_reload_conf()")
+
+    def set_retention(self, seconds):
+        if seconds is None:
+            self.q("ALTER SYSTEM RESET outbox.retention")
+        else:
+            self.q("ALTER SYSTEM SET outbox.retention = %d" % seconds)
+        self.q("SELECT pg_reload_conf()")
+        time.sleep(1.5)     # the relay applies it at the top of its next loop (SIGHUP wakes it)
+
+    def sizes(self, table):
+        r = self.q("""SELECT pg_relation_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid),
+                             s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count,
+                             (SELECT count(*) FROM %s)
+                        FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+                       WHERE c.oid = %%s::regclass""" % table, (table,))[0]
+        return {"table_bytes": r[0], "index_bytes": r[1], "total_bytes": r[2], "n_live_tup": r[3],
+                "n_dead_tup": r[4], "autovacuum_count": r[5], "vacuum_count": r[6], "rows": r[7]}
+
+    def insert_backlog(self, table, agg_type, n):
+        """Commit a backlog of n events in chunks of 100k with INSERT ... SELECT generate_series."""
+        cols = {
+            "outbox.events": ("(aggregate_type, aggregate_id, event_type, payload)",
+                              "'{t}', (g % {a} + 1)::text, 'order.created', {p}"),
+            "dbz_outbox": ("(aggregatetype, aggregateid, type, payload)",
+                           "'{t}', (g % {a} + 1)::text, 'order.created', {p}"),
+            "poller_outbox": ("(aggregate_type, aggregate_id, event_type, payload)",
+                              "'{t}', (g % {a} + 1)::text, 'order.created', {p}"),
+        }[table]
+        sel = cols[1].format(t=agg_type, a=AGGREGATES, p=common.payload_sql("g %% %d + 1" % AGGREGATES, "g"))
+        t0 = time.time()
+        for lo in range(1, n + 1, CHUNK):
+            hi = min(lo + CHUNK - 1, n)
+            self.q("INSERT INTO %s %s SELECT %s FROM generate_series(%d, %d) AS g"
+                   % (table, cols[0], sel, lo, hi))
+        self.q("ANALYZE %s" % table)
+        return round(time.time() - t0, 2)
+
+    # ------------------------------------------------------------------ machine quietness
+
+    def quiet_check(self, label):
+        """Before a measured section: CPU that other users of the machine take right now.  Waits
+        (up to BENCH_QUIET_WAIT s) while it is above BENCH_MAX_OTHER_CORES; records it."""
+        m = common.CpuMeter(self.postmaster_pid(), self.kafka_pid)
+        waited = 0.0
+        t0 = time.time()
+        while True:
+            a = m.snap()
+            time.sleep(3)
+            d = m.delta(a, m.snap())
+            if d["other_cores"] <= MAX_OTHER_CORES or time.time() - t0 >= QUIET_WAIT:
+                break
+            log("  machine busy before %s: other processes use %.2f cores (load %.2f); waiting"
+                % (label, d["other_cores"], common.loadavg()[0]))
+            time.sleep(10)
+        waited = round(time.time() - t0 - 3, 1)
+        rec = {"section": label, "other_cores": d["other_cores"], "load1": common.loadavg()[0],
+               "waited_s": waited}
+        self.res["quiet_checks"].append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ setup / environment
+
+    def environment(self):
+        def sh(cmd):
+            try:
+                return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60).stdout.strip()
+            except Exception as e:
+                return "unknown (%s)" % e
+        cpu = re.search(r"Model name:\s*(.*)", sh("lscpu"))
+        kafka_jar = glob.glob(os.path.join(env_str("OUTBOX_CACHE", os.path.join(REPO, ".cache")),
+                                           "kafka/libs/kafka_2.13-*.jar"))
+        dep = os.path.join(BENCH, "debezium/target/dependency")
+        dbz = glob.glob(os.path.join(dep, "debezium-embedded-*.jar"))
+        kc = glob.glob(os.path.join(dep, "kafka-clients-*.jar"))
+        java = subprocess.run([JAVA, "-version"], capture_output=True, text=True).stderr.splitlines()
+        mem = re.search(r"MemTotal:\s*(\d+)", open("/proc/meminfo").read())
+        self.res["environment"] = {
+            "cpu_model": cpu.group(1).strip() if cpu else platform.processor(),
+            "cores": os.cpu_count(),
+            "memory_gib": round(int(mem.group(1)) / 1048576, 1) if mem else None,
+            "kernel": platform.release(),
+            "postgres": self.q1("SHOW server_version"),
+            "outbox_extension": self.q1("SELECT extversion FROM pg_extension WHERE extname = 'outbox'"),
+            "librdkafka": confluent_kafka.libversion()[0],
+            "librdkafka_deb": sh("dpkg-query -W -f='${Version}' librdkafka1"),
+            "kafka": os.path.basename(kafka_jar[0])[len("kafka_2.13-"):-4] if kafka_jar else "unknown",
+            "debezium": os.path.basename(dbz[0])[len("debezium-embedded-"):-4] if dbz else "unknown",
+            "debezium_kafka_clients": os.path.basename(kc[0])[len("kafka-clients-"):-4] if kc else "unknown",
+            "java": java[0] if java else "unknown",
+            "python": platform.python_version(),
+            "psycopg": psycopg.__version__,
+            "confluent_kafka": confluent_kafka.version()[0],
+            "pgbench": sh("pgbench --version"),
+            "load_at_start": common.loadavg(),
+        }
+
+    def setup(self):
+        log("configuring the bench cluster (wal_level=logical for Debezium, one restart)")
+        settings = {
+            "wal_level": "logical",
+            "shared_buffers": "1GB",
+            "max_wal_size": "8GB",
+            "checkpoint_timeout": "30min",
+            "max_replication_slots": "4",
+        }
+        for k, v in settings.items():
+            self.q("ALTER SYSTEM SET %s = '%s'" % (k, v))
+        self.pg_restart()
+        self.res["pg_settings"] = {k: self.q1("SHOW %s" % k) for k in
+                                   list(settings) + ["synchronous_commit", "fsync", "autovacuum",
+                                                     "outbox.batch_size", "outbox.poll_interval",
+                                                     "outbox.retention"]}
+        # the Debezium peer's offsets belong to the previous cluster
+        if os.path.exists(os.path.join(WORK, "dbz-offsets.dat")):
+            os.remove(os.path.join(WORK, "dbz-offsets.dat"))
+        with open(os.path.join(BENCH, "sql/setup.sql")) as f:
+            self.q(f.read())
+        self.has_pause = bool(self.q1("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                                      " WHERE n.nspname = 'outbox' AND p.proname = 'pause'"))
+        if not self.has_pause:
+            self.res["notes"].append("extension has no outbox.pause(): paused by outbox.bootstrap_servers = '' + reload")
+        self.check_plain_equivalent()
+        self.wait_for("relay ready", lambda: self.relay_state() in ("idle", "publishing", "paused"), 60, 0.5)
+        self.environment()
+
+    def check_plain_equivalent(self):
+        """bench_plain must have outbox.events' columns, defaults, identity and indexes."""
+        def shape(rel):
+            cols = self.q("""SELECT attname, format_type(atttypid, atttypmod), attnotnull, attidentity,
+                                    pg_get_expr(d.adbin, d.adrelid)
+                               FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                              WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum""", (rel,))
+            idx = self.q("""SELECT regexp_replace(regexp_replace(pg_get_indexdef(indexrelid), '^.* USING ', ''), '\\s+', ' ', 'g'),
+                                   indisunique, indisprimary
+                              FROM pg_index WHERE indrelid = %s::regclass ORDER BY 1""", (rel,))
+            return cols, idx
+        a, b = shape("outbox.events"), shape("bench_plain")
+        if a != b:
+            raise RuntimeError("bench_plain is not equivalent to outbox.events:\n%s\n%s" % (a, b))
+        self.res["notes"].append("bench_plain = CREATE TABLE (LIKE outbox.events INCLUDING ALL): columns, "
+                                 "defaults, identity ALWAYS and the 4 indexes (2 partial) checked equal")
+
+    # ------------------------------------------------------------------ section 1
+
+    def pgbench(self, name, script):
+        self.q("TRUNCATE bench_orders, bench_plain, outbox.events")
+        self.q("CHECKPOINT")
+        quiet = self.quiet_check("1-" + name)
+        m = self.meter()
+        a = m.snap()
+        p = subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", "8", "-j", "2",
+                            "-T", str(PGBENCH_SECONDS), "-D", "aggregates=%d" % AGGREGATES,
+                            "-f", os.path.join(BENCH, "sql", script)],
+                           capture_output=True, text=True)
+        cpu = m.delta(a, m.snap())
+        if p.returncode != 0:
+            raise RuntimeError("pgbench %s failed: %s" % (name, p.stderr[-2000:]))
+        tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", p.stdout).group(1))
+        txns = int(re.search(r"number of transactions actually processed: (\d+)", p.stdout).group(1))
+        lat = re.search(r"latency average = ([\d.]+) ms", p.stdout)
+        orders = self.q1("SELECT count(*) FROM bench_orders")
+        events = {"emit": self.q1("SELECT count(*) FROM outbox.events"),
+                  "plain": self.q1("SELECT count(*) FROM bench_plain"), "order": 0}[name]
+        if orders != txns or (name != "order" and events != txns):
+            raise RuntimeError("section 1 %s: %d transactions but %d orders / %d events"
+                               % (name, txns, orders, events))
+        log("  %-5s %8.1f tps  (cpu: pg %.1fs relay %.1fs other %.2f cores)"
+            % (name, tps, cpu["postgres"], cpu["relay"], cpu["other_cores"]))
+        return {"tps": round(tps, 1), "transactions": txns,
+                "latency_ms": float(lat.group(1)) if lat else None, "cpu": cpu, "quiet": quiet}
+
+    def section1(self):
+        log("section 1: emit cost (pgbench, 8 clients, %d s each, %d interleaved rounds)"
+            % (PGBENCH_SECONDS, PGBENCH_ROUNDS))
+        self.pause()
+        # unmeasured warm-up of each script (caches, plans, the first checkpoint after setup)
+        for script in ("emit.sql", "plain.sql", "order.sql"):
+            subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", "8", "-j", "2", "-T", "2",
+                            "-D", "aggregates=%d" % AGGREGATES, "-f", os.path.join(BENCH, "sql", script)],
+                           capture_output=True, text=True, check=True)
+        runs = {"emit": [], "plain": [], "order": []}
+        # interleaved (a, b, c, a, b, c, ...): other users' load hits all three alike; noise only
+        # ever slows a run down, so the best round of each is reported
+        for _ in range(PGBENCH_ROUNDS):
+            for name, script in (("emit", "emit.sql"), ("plain", "plain.sql"), ("order", "order.sql")):
+                runs[name].append(self.pgbench(name, script))
+        self.q("TRUNCATE bench_orders, bench_plain, outbox.events")
+        out = {}
+        for name, rs in runs.items():
+            best = max(rs, key=lambda r: r["tps"])
+            out[name] = dict(best, all_tps=[r["tps"] for r in rs],
+                             all_other_cores=[r["cpu"]["other_cores"] for r in rs])
+        out["rounds"] = PGBENCH_ROUNDS
+        out["cost_emit_vs_plain"] = round(out["plain"]["tps"] / out["emit"]["tps"], 3)
+        out["cost_emit_vs_order"] = round(out["order"]["tps"] / out["emit"]["tps"], 3)
+        self.res["sections"]["1_emit_cost"] = out
+
+    # ------------------------------------------------------------------ section 2a + 4
+
+    def sample_relay(self, pid, stop, counts):
+        """Where the relay is during the drain: pg_stat_activity of its pid every 100 ms."""
+        with psycopg.connect(common.pg_conninfo(), autocommit=True) as c:
+            while not stop.is_set():
+                r = c.execute("SELECT coalesce(query, ''), coalesce(wait_event_type || ':' || wait_event, 'CPU')"
+                              " FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                if r:
+                    act = r[0].replace("outbox relay: ", "") or "idle"
+                    key = "%s | %s" % (act, r[1])
+                    counts[key] = counts.get(key, 0) + 1
+                stop.wait(0.1)
+
+    def ext_drain(self, label, retention, truncate=True):
+        agg = "bench_drain_%s" % label
+        topic = "outbox.event." + agg
+        self.pause()
+        self.set_retention(retention)
+        if truncate:
+            self.q("TRUNCATE outbox.events")
+        common.create_topic(topic)
+        log("  [%s] inserting a backlog of %d events (relay paused, retention %s)"
+            % (label, EVENTS, "default" if retention is None else retention))
+        ins = self.insert_backlog("outbox.events", agg, EVENTS)
+        self.q("CHECKPOINT")
+        before = self.sizes("outbox.events")
+        quiet = self.quiet_check("2a-" + label)
+        m = self.meter()
+        stop = threading.Event()
+        counts = {}
+        sampler = threading.Thread(target=self.sample_relay, args=(self.relay_pid(), stop, counts))
+        sampler.start()
+        a = m.snap()
+        t0 = time.time()
+        self.resume()
+        polls = 0
+        progress = []
+        while True:
+            time.sleep(max(0.0, 0.1 - (time.time() - t0) % 0.1))
+            polls += 1
+            if not self.q1("SELECT EXISTS (SELECT 1 FROM outbox.events WHERE published_at IS NULL)"):
+                break
+            if polls % 50 == 0:
+                pub = self.q1("SELECT published FROM outbox.worker_status()")
+                progress.append((round(time.time() - t0, 1), pub))
+            if time.time() - t0 > 3600:
+                raise RuntimeError("extension drain did not finish within an hour")
+        t1 = time.time()
+        cpu = m.delta(a, m.snap())
+        stop.set()
+        sampler.join()
+        secs = t1 - t0
+        pending = self.q1("SELECT count(*) FROM outbox.events WHERE published_at IS NULL")
+        in_topic = common.topic_message_count(topic)
+        after = self.sizes("outbox.events")
+        last_pub = None
+        if retention != 0:
+            last_pub = self.q1("SELECT extract(epoch FROM max(published_at)) FROM outbox.events")
+        total = sum(counts.values()) or 1
+        profile = {k: round(100.0 * v / total, 1) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+        r = {"events": EVENTS, "seconds": round(secs, 2), "events_per_s": round(EVENTS / secs, 1),
+             "seconds_by_last_published_at": round(float(last_pub) - t0, 2) if last_pub else None,
+             "pending_after": pending, "messages_in_topic": in_topic, "insert_seconds": ins,
+             "size_before": before, "size_after": after, "cpu": cpu, "relay_activity_pct": profile,
+             "progress": progress, "quiet": quiet}
+        log("  [%s] drained %d in %.2f s = %.0f events/s; topic holds %d; relay cpu %.1fs of %.1fs"
+            % (label, EVENTS, secs, EVENTS / secs, in_topic, cpu["relay"], secs))
+        if pending != 0 or in_topic < EVENTS:
+            raise RuntimeError("extension drain %s incomplete: %d pending, %d in topic" % (label, pending, in_topic))
+        return r
+
+    def wait_cleanup(self, label, timeout):
+        """Wait until the relay's retention cleanup deleted every published row."""
+        t0 = time.time()
+        self.wait_for("cleanup of %s" % label,
+                      lambda: self.q1("SELECT count(*) FROM outbox.events") == 0, timeout, 1.0)
+        return round(time.time() - t0, 1)
+
+    def section2a_4(self):
+        log("section 2(a) + 4: the extension's relay drains %d events" % EVENTS)
+        out = {}
+        out["retention_0"] = self.ext_drain("r0", 0)
+        out["retention_0"]["size_after_retention"] = out["retention_0"]["size_after"]
+        retention = 60
+        d = self.ext_drain("r60", None)
+        log("  [r60] waiting for the retention cleanup (%d s after publication)" % retention)
+        d["cleanup_wait_s"] = self.wait_cleanup("r60", retention + 600)
+        d["size_after_retention"] = self.sizes("outbox.events")
+        out["retention_60"] = d
+        log("  [r60b] second drain of the same size, no VACUUM in between")
+        d2 = self.ext_drain("r60b", None, truncate=False)
+        d2["cleanup_wait_s"] = self.wait_cleanup("r60b", retention + 600)
+        d2["size_after_retention"] = self.sizes("outbox.events")
+        out["retention_60_second"] = d2
+        self.set_retention(None)
+        self.res["sections"]["2a_4_extension_drain"] = out
+
+    # ------------------------------------------------------------------ section 2b (Debezium)
+
+    def dbz_env(self, topic, expect=0, poll_ms=None):
+        e = dict(os.environ)
+        if poll_ms is not None:
+            e["DBZ_POLL_MS"] = str(poll_ms)
+        e.update({"DBZ_PG_HOST": env_str("PGHOST", "127.0.0.1"), "DBZ_PG_PORT": env_str("PGPORT", "54601"),
+                  "DBZ_PG_DB": env_str("PGDATABASE", "outbox"), "DBZ_PG_USER": env_str("PGUSER", "postgres"),
+                  "DBZ_KAFKA": common.kafka_bootstrap(), "DBZ_OFFSETS": os.path.join(WORK, "dbz-offsets.dat"),
+                  "DBZ_SLOT": "dbz_bench", "DBZ_TABLE": "public.dbz_outbox", "DBZ_TOPIC": topic,
+                  "DBZ_EXPECT": str(expect)})
+        return e
+
+    def dbz_start(self, mode, topic, expect=0, poll_ms=None):
+        d = os.path.join(BENCH, "debezium")
+        cp = "%s/target/classes:%s/target/dependency/*" % (d, d)
+        logf = open(os.path.join(WORK, "dbz-%s.log" % mode), "a")
+        p = subprocess.Popen([JAVA, "-Xmx1g", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                              "-cp", cp, "DbzBench", mode],
+                             stdout=subprocess.PIPE, stderr=logf, text=True, env=self.dbz_env(topic, expect, poll_ms))
+        lines = []
+
+        def reader():
+            for line in p.stdout:
+                lines.append(line.strip())
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        return p, lines, t
+
+    def dbz_wait_streaming(self, p, lines, timeout=120):
+        def ok():
+            if p.poll() is not None:
+                raise RuntimeError("Debezium exited: %s (see %s/dbz-*.log)" % (lines[-5:], WORK))
+            return "STARTED" in lines and self.q1(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'dbz_bench' AND active")
+        self.wait_for("Debezium streaming", ok, timeout, 0.2)
+
+    def dbz_stop(self, p, t):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        t.join(5)
+
+    def dbz_progress(self, lines):
+        for line in reversed(lines):
+            if line.startswith("PROGRESS"):
+                return int(line.split()[2])
+        return 0
+
+    def dbz_init(self):
+        """Create the slot and publication and commit a first offset: start the engine once
+        (snapshot.mode=no_data), push one warm-up event through it, stop it."""
+        if os.path.exists(os.path.join(WORK, "dbz-offsets.dat")):
+            os.remove(os.path.join(WORK, "dbz-offsets.dat"))
+        topic = "outbox.event.bench_dbz_warmup"
+        common.create_topic(topic)
+        p, lines, t = self.dbz_start("run", topic)
+        self.dbz_wait_streaming(p, lines)
+        self.q("INSERT INTO dbz_outbox (aggregatetype, aggregateid, type, payload) VALUES "
+               "('bench_dbz_warmup', '1', 'warmup', '{}')")
+        self.wait_for("Debezium warm-up event", lambda: self.dbz_progress(lines) >= 1, 60, 0.2)
+        time.sleep(2.5)       # offset.flush.interval.ms = 1000; close() commits again
+        self.dbz_stop(p, t)
+
+    def section2b(self):
+        log("section 2(b): Debezium embedded engine drains %d events from the WAL" % EVENTS)
+        self.dbz_init()
+        agg = "bench_dbz_drain"
+        topic = "outbox.event." + agg
+        common.create_topic(topic)
+        log("  inserting the backlog while the connector is stopped")
+        ins = self.insert_backlog("dbz_outbox", agg, EVENTS)
+        self.q("CHECKPOINT")
+        slot_lag = self.q1("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots"
+                           " WHERE slot_name = 'dbz_bench'")
+        quiet = self.quiet_check("2b")
+        m = self.meter()
+        a = m.snap()
+        t0 = time.time()
+        p, lines, t = self.dbz_start("drain", topic, EVENTS)
+        rc = p.wait(7200)
+        t1 = time.time()
+        cpu = m.delta(a, m.snap())
+        t.join(5)
+        done = [l for l in lines if l.startswith("DONE")]
+        if rc != 0 or not done:
+            raise RuntimeError("Debezium drain failed (rc %s): %s" % (rc, lines[-5:]))
+        _, n, secs_engine, secs_first = done[-1].split()
+        secs_engine, secs_first = float(secs_engine), float(secs_first)
+        in_topic = common.topic_message_count(topic)
+        r = {"events": EVENTS, "seconds": secs_engine, "events_per_s": round(EVENTS / secs_engine, 1),
+             "seconds_from_first_record": secs_first, "seconds_with_jvm_start": round(t1 - t0, 2),
+             "acked": int(n), "messages_in_topic": in_topic, "insert_seconds": ins,
+             "wal_backlog_bytes": int(slot_lag) if slot_lag is not None else None, "cpu": cpu, "quiet": quiet}
+        log("  drained %d in %.2f s (engine start to last ack) = %.0f events/s; %.2f s with JVM start; topic holds %d"
+            % (EVENTS, secs_engine, EVENTS / secs_engine, t1 - t0, in_topic))
+        if in_topic < EVENTS:
+            raise RuntimeError("Debezium drain incomplete: %d in topic" % in_topic)
+        self.res["sections"]["2b_debezium_drain"] = r
+
+    # ------------------------------------------------------------------ section 2c (poller)
+
+    def poller_start(self, drain):
+        args = [PY, os.path.join(BENCH, "poller/poller.py")] + (["--drain"] if drain else [])
+        e = dict(os.environ)
+        e["OUTBOX_KAFKA"] = common.kafka_bootstrap()
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(os.path.join(WORK, "poller.log"), "a"),
+                             text=True, env=e)
+        lines = []
+
+        def reader():
+            for line in p.stdout:
+                lines.append(line.strip())
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        return p, lines, t
+
+    def section2c(self):
+        log("section 2(c): the Python poller drains %d events" % POLLER_EVENTS)
+        agg = "bench_poller_drain"
+        topic = "outbox.event." + agg
+        self.q("TRUNCATE poller_outbox")
+        common.create_topic(topic)
+        ins = self.insert_backlog("poller_outbox", agg, POLLER_EVENTS)
+        self.q("CHECKPOINT")
+        quiet = self.quiet_check("2c")
+        m = self.meter()
+        a = m.snap()
+        t0 = time.time()
+        p, lines, t = self.poller_start(True)
+        rc = p.wait(4 * 3600)
+        t1 = time.time()
+        cpu = m.delta(a, m.snap())
+        t.join(5)
+        done = [l for l in lines if l.startswith("DONE")]
+        if rc != 0 or not done:
+            raise RuntimeError("poller drain failed (rc %s): %s" % (rc, lines[-5:]))
+        _, n, secs = done[-1].split()
+        secs = float(secs)
+        pending = self.q1("SELECT count(*) FROM poller_outbox WHERE published_at IS NULL")
+        in_topic = common.topic_message_count(topic)
+        r = {"events": POLLER_EVENTS, "seconds": secs, "events_per_s": round(POLLER_EVENTS / secs, 1),
+             "seconds_with_process_start": round(t1 - t0, 2), "published": int(n), "pending_after": pending,
+             "messages_in_topic": in_topic, "insert_seconds": ins, "cpu": cpu, "quiet": quiet,
+             "size_after": self.sizes("poller_outbox")}
+        log("  drained %d in %.2f s = %.0f events/s; topic holds %d" % (POLLER_EVENTS, secs, POLLER_EVENTS / secs, in_topic))
+        if pending != 0 or in_topic < POLLER_EVENTS:
+            raise RuntimeError("poller drain incomplete: %d pending, %d in topic" % (pending, in_topic))
+        self.res["sections"]["2c_poller_drain"] = r
+
+    # ------------------------------------------------------------------ section 3
+
+    def latency_run(self, system):
+        agg = "bench_lat_%s" % system
+        topic = "outbox.event." + agg
+        common.create_topic(topic)
+        table = {"ext": "outbox.events", "dbz": None, "poller": "poller_outbox"}[system]
+        # fresh tables; Debezium's stays (a TRUNCATE would reach the connector through the slot)
+        self.q("TRUNCATE bench_orders" + (", " + table if table else ""))
+        self.q("CHECKPOINT")
+        proc = None
+        if system == "ext":
+            self.resume()
+            self.wait_for("relay running", lambda: self.relay_state() in ("idle", "publishing"), 30)
+        elif system == "dbz":
+            proc = self.dbz_start("run", topic, poll_ms=DBZ_LATENCY_POLL_MS)
+            self.dbz_wait_streaming(proc[0], proc[1])
+        else:
+            proc = self.poller_start(False)
+        stop_file = os.path.join(WORK, "lat-%s.stop" % system)
+        if os.path.exists(stop_file):
+            os.remove(stop_file)
+        commits_csv = os.path.join(WORK, "lat-%s-commits.csv" % system)
+        recv_csv = os.path.join(WORK, "lat-%s-recv.csv" % system)
+        cons = subprocess.Popen([PY, os.path.join(HERE, "consumer.py"), "--topic", topic, "--out", recv_csv,
+                                 "--stop-file", stop_file], stdout=subprocess.PIPE, text=True)
+        if cons.stdout.readline().strip() != "READY":
+            raise RuntimeError("latency consumer did not start")
+        quiet = self.quiet_check("3-" + system)
+        m = self.meter()
+        stop = threading.Event()
+        counts = {}
+        sampler = None
+        if system == "ext":
+            sampler = threading.Thread(target=self.sample_relay, args=(self.relay_pid(), stop, counts))
+            sampler.start()
+        a = m.snap()
+        g = subprocess.run([PY, os.path.join(HERE, "loadgen.py"), "--system", system, "--aggregate-type", agg,
+                            "--rate", str(RATE), "--seconds", str(LATENCY_SECONDS), "--warmup", str(WARMUP_SECONDS),
+                            "--aggregates", str(AGGREGATES), "--out", commits_csv],
+                           capture_output=True, text=True)
+        if g.returncode != 0:
+            raise RuntimeError("load generator failed: %s %s" % (g.stdout[-2000:], g.stderr[-2000:]))
+        committed = int(g.stdout.split()[1])
+        achieved = float(g.stdout.split()[3])
+        with open(stop_file, "w") as f:
+            f.write(str(committed))
+        out, _ = cons.communicate(timeout=600)
+        t_end = time.time()
+        cpu = m.delta(a, m.snap())
+        stop.set()
+        if sampler is not None:
+            sampler.join()
+        if proc is not None:
+            if system == "dbz":
+                self.dbz_stop(proc[0], proc[2])
+            else:
+                proc[0].send_signal(signal.SIGTERM)
+                proc[0].wait(60)
+        elif system == "ext":
+            self.pause()
+        commits = {}
+        lags = []
+        with open(commits_csv) as f:
+            for row in csv.DictReader(f):
+                commits[row["event_id"]] = (float(row["commit_time"]), row["phase"])
+                if row["phase"] == "measure":
+                    lags.append(float(row["sched_lag"]))
+        recv = {}
+        dups = 0
+        with open(recv_csv) as f:
+            for row in csv.DictReader(f):
+                if row["event_id"] in recv:
+                    dups += 1
+                    continue
+                recv[row["event_id"]] = float(row["recv_time"])
+        lat = []
+        missing = 0
+        for eid, (tc, phase) in commits.items():
+            if phase != "measure":
+                continue
+            if eid not in recv:
+                missing += 1
+                continue
+            lat.append((recv[eid] - tc) * 1000.0)
+        r = {"offered_rate": RATE, "achieved_commit_rate": achieved, "measured_events": len(lat) + missing,
+             "received": len(lat), "missing": missing, "duplicates": dups,
+             "p50_ms": round(pct(lat, 50), 2) if lat else None, "p95_ms": round(pct(lat, 95), 2) if lat else None,
+             "p99_ms": round(pct(lat, 99), 2) if lat else None, "max_ms": round(max(lat), 2) if lat else None,
+             "mean_ms": round(sum(lat) / len(lat), 2) if lat else None,
+             "min_ms": round(min(lat), 2) if lat else None,
+             "schedule_lag_p99_ms": round(pct(lags, 99) * 1000, 2) if lags else None,
+             "cpu": cpu, "quiet": quiet}
+        if counts:
+            total = sum(counts.values())
+            r["relay_activity_pct"] = {k: round(100.0 * v / total, 1)
+                                       for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+        log("  %-6s p50 %s p95 %s p99 %s max %s ms; %d received, %d missing, %d duplicates; commits %.0f/s"
+            % (system, r["p50_ms"], r["p95_ms"], r["p99_ms"], r["max_ms"], len(lat), missing, dups, achieved))
+        return r
+
+    def section3(self):
+        log("section 3: latency at %d events/s for %d s (+%d s warm-up)" % (RATE, LATENCY_SECONDS, WARMUP_SECONDS))
+        out = {"poller_idle_sleep_ms": 10, "dbz_poll_interval_ms": DBZ_LATENCY_POLL_MS}
+        for system in ("ext", "dbz", "poller"):
+            out[system] = self.latency_run(system)
+        self.res["sections"]["3_latency"] = out
+
+    def cleanup_dbz(self):
+        try:
+            self.q("SELECT pg_drop_replication_slot('dbz_bench') FROM pg_replication_slots "
+                   "WHERE slot_name = 'dbz_bench' AND NOT active")
+            self.q("DROP PUBLICATION IF EXISTS dbz_bench")
+        except Exception as e:
+            log("could not drop the Debezium slot: %s" % e)
+
+    # ------------------------------------------------------------------ main
+
+    def run(self):
+        t0 = time.time()
+        sections = env_str("BENCH_SECTIONS", "1,2a,2b,2c,3").split(",")
+        self.setup()
+        try:
+            if "1" in sections:
+                self.section1()
+            if "2a" in sections:
+                self.section2a_4()
+            if "2b" in sections:
+                self.section2b()
+            if "2c" in sections:
+                self.section2c()
+            if "3" in sections:
+                self.section3()
+        finally:
+            self.cleanup_dbz()
+            self.res["runtime_s"] = round(time.time() - t0, 1)
+            self.res["finished_at"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+            self.res["environment"]["load_at_end"] = common.loadavg()
+            path = os.path.join(RESULTS, "latest.json")
+            with open(path, "w") as f:
+                json.dump(self.res, f, indent=2)
+            import report
+            md = report.render(self.res)
+            with open(os.path.join(RESULTS, "latest.md"), "w") as f:
+                f.write(md)
+            print()
+            print(md)
+
+
+if __name__ == "__main__":
+    Bench().run()

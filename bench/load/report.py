@@ -1,0 +1,224 @@
+#!/usr/bin/python3
+"""Render the benchmark's raw numbers (bench/results/latest.json) as Markdown tables.
+
+  report.py [results.json]     print the Markdown (driver.py also writes it to latest.md)
+"""
+
+import json
+import sys
+
+
+def mb(b):
+    return "%.1f" % (b / 1048576.0) if b is not None else "-"
+
+
+def f(v, fmt="%.1f"):
+    return fmt % v if v is not None else "-"
+
+
+def ratio(a, b):
+    return "%.2f" % (a / b) if a and b else "-"
+
+
+def quiet_cell(d):
+    """Load average (1 min) and cores used by other processes, measured just before the run."""
+    q = d.get("quiet") or {}
+    if not q:
+        return "-"
+    w = ", waited %.0f s" % q["waited_s"] if q.get("waited_s", 0) > 1 else ""
+    return "%.2f / %.2f%s" % (q["load1"], q["other_cores"], w)
+
+
+def cpu_cells(c):
+    return "%s | %s | %s | %s | %s | %s" % (f(c.get("wall")), f(c.get("postgres")), f(c.get("relay")),
+                                           f(c.get("kafka")), f(c.get("bench")), f(c.get("other_cores"), "%.2f"))
+
+
+def render(r):
+    env = r.get("environment", {})
+    p = r["params"]
+    s = r["sections"]
+    L = []
+    L.append("# outbox benchmark: run %s" % r["run_id"])
+    L.append("")
+    L.append("All numbers below are from this one run (`bench/run.sh`), started %s, finished %s, runtime %s s. "
+             "The three systems ran one after another on the same machine, the same PostgreSQL cluster and "
+             "the same Kafka broker." % (r.get("started_at"), r.get("finished_at"), r.get("runtime_s")))
+    L.append("")
+    L.append("| machine | |")
+    L.append("|---|---|")
+    L.append("| CPU | %s, %s cores, %s GiB RAM |" % (env.get("cpu_model"), env.get("cores"), env.get("memory_gib")))
+    L.append("| kernel | %s |" % env.get("kernel"))
+    L.append("| PostgreSQL | %s (outbox extension %s) |" % (env.get("postgres"), env.get("outbox_extension")))
+    L.append("| librdkafka | %s (Debian %s): the relay and the poller |" % (env.get("librdkafka"), env.get("librdkafka_deb")))
+    L.append("| Kafka broker | %s (KRaft, 1 node, heap 1g) |" % env.get("kafka"))
+    L.append("| Debezium | %s embedded, Kafka clients %s |" % (env.get("debezium"), env.get("debezium_kafka_clients")))
+    L.append("| Java | %s |" % env.get("java"))
+    L.append("| Python | %s, psycopg %s, confluent_kafka %s |" % (env.get("python"), env.get("psycopg"),
+                                                                   env.get("confluent_kafka")))
+    L.append("| load average | at start %s, at end %s |" % (env.get("load_at_start"), env.get("load_at_end")))
+    L.append("| parameters | events %(events)d, aggregates %(aggregates)d, pgbench %(pgbench_seconds)d s, "
+             "poller backlog %(poller_events)s, latency %(latency_seconds)d s at %(rate)d events/s (+%(warmup_seconds)d s warm-up) |" % p)
+    ps = r.get("pg_settings", {})
+    L.append("| PostgreSQL settings | %s |" % ", ".join("%s=%s" % kv for kv in ps.items()))
+    L.append("")
+
+    if "1_emit_cost" in s:
+        e = s["1_emit_cost"]
+        L.append("## 1. Emit cost (pgbench, 8 clients, %d s per run, relay paused)" % p["pgbench_seconds"])
+        L.append("")
+        rounds = e.get("rounds", 1)
+        L.append("Runs interleaved (a, b, c, a, b, c, ...), %d rounds; the best round of each is used "
+                 "(other users' load only ever slows a run down). All rounds, with the cores other processes "
+                 "used during each, are listed." % rounds)
+        L.append("")
+        L.append("| transaction | TPS (best) | avg latency ms | cost of (a) | all rounds: TPS (other cores during) "
+                 "| load avg / other cores before best |")
+        L.append("|---|---:|---:|---:|---|---|")
+
+        def rounds_cell(d):
+            tps = d.get("all_tps", [d["tps"]])
+            oc = d.get("all_other_cores", [d["cpu"]["other_cores"]])
+            return ", ".join("%.0f (%.2f)" % (t, o) for t, o in zip(tps, oc))
+        rows = (("(a) order row + `outbox.emit()`", "emit", "1.00"),
+                ("(b) order row + INSERT into a plain table like outbox.events", "plain",
+                 "TPS(b)/TPS(a) = **%.2f**" % e["cost_emit_vs_plain"]),
+                ("(c) order row alone", "order", "TPS(c)/TPS(a) = **%.2f**" % e["cost_emit_vs_order"]))
+        for label, k, cost in rows:
+            L.append("| %s | %s | %s | %s | %s | %s |" % (label, f(e[k]["tps"]), f(e[k]["latency_ms"], "%.2f"), cost,
+                                                       rounds_cell(e[k]), quiet_cell(e[k])))
+        L.append("")
+
+    drains = []
+    if "2a_4_extension_drain" in s:
+        x = s["2a_4_extension_drain"]
+        drains.append(("extension relay (retention 60 s, default)", x["retention_60"]))
+        drains.append(("extension relay (retention 0)", x["retention_0"]))
+        drains.append(("extension relay (retention 60 s, 2nd drain, no VACUUM)", x["retention_60_second"]))
+    if "2b_debezium_drain" in s:
+        drains.append(("Debezium embedded, pgoutput + EventRouter", s["2b_debezium_drain"]))
+    if "2c_poller_drain" in s:
+        drains.append(("Python poller (100 rows/txn, flush per message; smaller backlog)", s["2c_poller_drain"]))
+    if drains:
+        L.append("## 2. Drain of a committed backlog (%d aggregates, ~300-byte payloads)" % p["aggregates"])
+        L.append("")
+        L.append("The rate (events/s) is what is compared; the poller drains a smaller backlog "
+                 "(BENCH_POLLER_EVENTS) because it is far slower.")
+        L.append("")
+        L.append("| system | backlog events | seconds | events/s | messages in topic | load avg / other cores before |")
+        L.append("|---|---:|---:|---:|---:|---|")
+        for name, d in drains:
+            L.append("| %s | %d | %s | **%s** | %s | %s |" % (name, d["events"], f(d["seconds"], "%.2f"),
+                                                           f(d["events_per_s"], "%.0f"), d.get("messages_in_topic"),
+                                                           quiet_cell(d)))
+        L.append("")
+        ext = s.get("2a_4_extension_drain", {}).get("retention_60", {}).get("events_per_s")
+        dbz = s.get("2b_debezium_drain", {}).get("events_per_s")
+        pol = s.get("2c_poller_drain", {}).get("events_per_s")
+        L.append("Ratios (extension at default retention): extension/poller = **%s**, extension/Debezium = **%s**."
+                 % (ratio(ext, pol), ratio(ext, dbz)))
+        if dbz:
+            d = s["2b_debezium_drain"]
+            L.append("Debezium's time runs from the engine's start (after JVM start) to the last acknowledgement; "
+                     "from its first record: %s s; with JVM start: %s s. WAL to decode: %s MB."
+                     % (f(d["seconds_from_first_record"], "%.2f"), f(d["seconds_with_jvm_start"], "%.2f"),
+                        mb(d.get("wal_backlog_bytes"))))
+        if pol:
+            d = s["2c_poller_drain"]
+            L.append("The poller's time runs from its first poll to its last commit (%s s with process start)."
+                     % f(d["seconds_with_process_start"], "%.2f"))
+        L.append("")
+        L.append("CPU seconds used during each drain (`other` = average cores used by processes outside this "
+                 "benchmark, i.e. other users of the machine):")
+        L.append("")
+        L.append("| system | wall s | postgres | of which relay | kafka | bench procs (Java/Python) | other (cores) |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|")
+        for name, d in drains:
+            L.append("| %s | %s |" % (name, cpu_cells(d["cpu"])))
+        L.append("")
+        if "2a_4_extension_drain" in s:
+            prof = s["2a_4_extension_drain"]["retention_60"].get("relay_activity_pct", {})
+            if prof:
+                L.append("Relay worker during the default-retention drain (pg_stat_activity every 100 ms; "
+                         "activity | wait event, `CPU` = no wait event):")
+                L.append("")
+                L.append("| relay activity | wait | % of samples |")
+                L.append("|---|---|---:|")
+                for k, v in list(prof.items())[:8]:
+                    act, wait = k.split(" | ", 1)
+                    L.append("| %s | %s | %s |" % (act, wait, v))
+                L.append("")
+
+    if "3_latency" in s:
+        lt = s["3_latency"]
+        L.append("## 3. Commit-to-consumer latency, %d events/s for %d s" % (p["rate"], p["latency_seconds"]))
+        L.append("")
+        L.append("| system | p50 ms | p95 ms | p99 ms | max ms | received / missing / duplicates | commits/s achieved "
+                 "| load avg / other cores before |")
+        L.append("|---|---:|---:|---:|---:|---|---:|---|")
+        names = {"ext": "extension relay (defaults, woken by the commit)",
+                 "dbz": "Debezium embedded (poll.interval.ms %s)" % lt.get("dbz_poll_interval_ms", 500),
+                 "poller": "Python poller (idle sleep %d ms)" % lt.get("poller_idle_sleep_ms", 10)}
+        for k in ("ext", "dbz", "poller"):
+            if k in lt:
+                d = lt[k]
+                L.append("| %s | %s | %s | %s | %s | %d / %d / %d | %s | %s |"
+                         % (names[k], f(d["p50_ms"]), f(d["p95_ms"]), f(d["p99_ms"]), f(d["max_ms"]),
+                            d["received"], d["missing"], d["duplicates"], f(d["achieved_commit_rate"]),
+                            quiet_cell(d)))
+        L.append("")
+        L.append("| system | wall s | postgres | of which relay | kafka | bench procs | other (cores) |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|")
+        for k in ("ext", "dbz", "poller"):
+            if k in lt:
+                L.append("| %s | %s |" % (names[k], cpu_cells(lt[k]["cpu"])))
+        L.append("")
+
+        prof = lt.get("ext", {}).get("relay_activity_pct", {})
+        if prof:
+            L.append("Relay worker during its latency run (pg_stat_activity every 100 ms):")
+            L.append("")
+            L.append("| relay activity | wait | % of samples |")
+            L.append("|---|---|---:|")
+            for k, v in list(prof.items())[:8]:
+                act, wait = k.split(" | ", 1)
+                L.append("| %s | %s | %s |" % (act, wait, v))
+            L.append("")
+
+    if "2a_4_extension_drain" in s:
+        x = s["2a_4_extension_drain"]
+        L.append("## 4. outbox.events size around the drains of section 2(a)")
+        L.append("")
+        L.append("| case | moment | table MB | indexes MB | rows | dead tuples | autovacuums so far |")
+        L.append("|---|---|---:|---:|---:|---:|---:|")
+
+        def row(case, moment, z):
+            L.append("| %s | %s | %s | %s | %s | %s | %s |" % (case, moment, mb(z["table_bytes"]), mb(z["index_bytes"]),
+                                                           z["rows"], z["n_dead_tup"], z["autovacuum_count"]))
+        for case, key in (("retention 0", "retention_0"), ("retention 60 s", "retention_60"),
+                          ("retention 60 s, 2nd drain", "retention_60_second")):
+            d = x[key]
+            row(case, "backlog committed, before the drain", d["size_before"])
+            row(case, "drain finished", d["size_after"])
+            if key != "retention_0":
+                row(case, "retention cleanup done (%s s after the drain)" % d.get("cleanup_wait_s"),
+                    d["size_after_retention"])
+        L.append("")
+
+    if r.get("quiet_checks"):
+        L.append("Machine quietness before each measured section (CPU of processes outside the benchmark over 3 s):")
+        L.append("")
+        L.append(", ".join("%s: %.2f cores (load %.2f%s)" % (q["section"], q["other_cores"], q["load1"],
+                                                            ", waited %s s" % q["waited_s"] if q["waited_s"] > 1 else "")
+                           for q in r["quiet_checks"]))
+        L.append("")
+    for n in r.get("notes", []):
+        L.append("- " + n)
+    L.append("")
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    path = sys.argv[1] if len(sys.argv) > 1 else "bench/results/latest.json"
+    with open(path) as fh:
+        print(render(json.load(fh)))

@@ -1,0 +1,292 @@
+/* outbox--1.3.sql: install script for the outbox extension, version 1.3 */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION outbox" to load this file. \quit
+
+/*
+ * The outbox table.  Rows are written by outbox.emit() in the caller's
+ * transaction and read, in id order, by the relay worker.  It is a normal,
+ * WAL-logged table: an unlogged outbox would lose events on a crash.
+ */
+CREATE TABLE outbox.events (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id        uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid() UNIQUE,
+    aggregate_type  text NOT NULL,
+    aggregate_id    text NOT NULL,
+    event_type      text NOT NULL,
+    topic           text,
+    payload         jsonb,
+    headers         jsonb,
+    created_at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    published_at    timestamptz,
+    attempts        integer NOT NULL DEFAULT 0,
+    last_error      text,
+    next_attempt_at timestamptz,
+    permanent_failures integer NOT NULL DEFAULT 0,
+    failed_at       timestamptz
+);
+
+/*
+ * pg_dump keeps the events (pending ones must survive a dump and restore,
+ * with their event ids) and the position of the id sequence.
+ */
+SELECT pg_catalog.pg_extension_config_dump('outbox.events', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
+
+/* "oldest unpublished first": the relay's claim walks this index in id order */
+CREATE INDEX events_pending_idx ON outbox.events (id)
+    WHERE published_at IS NULL;
+
+/*
+ * Aggregates whose oldest pending event has failed at least once.  Later
+ * events of such an aggregate wait behind it; the relay probes this (normally
+ * empty) index for every candidate row, so it has to stay small and cheap.
+ */
+CREATE INDEX events_retry_idx ON outbox.events (aggregate_type, aggregate_id, id)
+    WHERE published_at IS NULL AND attempts > 0;
+
+COMMENT ON TABLE outbox.events IS
+'Transactional outbox: one row per event, written in the producing transaction by outbox.emit() and relayed to Kafka in id order by the outbox relay worker. Rows are deleted outbox.retention after they were published. Events Kafka refused outbox.max_attempts times are marked failed (failed_at) and wait for outbox.retry_failed().';
+COMMENT ON COLUMN outbox.events.id IS
+'Relay order: the worker claims unpublished rows in ascending id. Assigned from an identity sequence.';
+COMMENT ON COLUMN outbox.events.event_id IS
+'Globally unique event id, sent as the Kafka header "id"; consumers de-duplicate on it (delivery is at-least-once).';
+COMMENT ON COLUMN outbox.events.aggregate_type IS
+'Kind of aggregate the event belongs to (e.g. order). Sent as header "aggregate_type"; when topic is NULL the topic is outbox.topic_prefix || aggregate_type.';
+COMMENT ON COLUMN outbox.events.aggregate_id IS
+'Id of the aggregate instance; the Kafka message key. Events of one aggregate keep their order.';
+COMMENT ON COLUMN outbox.events.event_type IS
+'Kind of event (e.g. order.created); sent as the Kafka header "event_type".';
+COMMENT ON COLUMN outbox.events.topic IS
+'Kafka topic for this event; NULL means routed: outbox.topic_prefix || aggregate_type, resolved when the event is published.';
+COMMENT ON COLUMN outbox.events.payload IS
+'Kafka message value, sent as JSON text. NULL sends a tombstone (a message with a NULL value) for compacted topics.';
+COMMENT ON COLUMN outbox.events.headers IS
+'Extra Kafka headers: a JSON object whose values are all strings, sent after id, event_type and aggregate_type. NULL for none.';
+COMMENT ON COLUMN outbox.events.created_at IS
+'When the event was emitted (clock time); sent as the Kafka message timestamp (CreateTime, ms).';
+COMMENT ON COLUMN outbox.events.published_at IS
+'When Kafka acknowledged the event (acks=all); NULL while it is not yet published.';
+COMMENT ON COLUMN outbox.events.attempts IS
+'Number of delivery attempts that failed so far, for any reason; 0 for an event never tried or delivered on the first try.';
+COMMENT ON COLUMN outbox.events.last_error IS
+'Error text of the most recent failed delivery attempt, NULL if none failed.';
+COMMENT ON COLUMN outbox.events.next_attempt_at IS
+'After a failed attempt: earliest time of the next one (capped exponential backoff). NULL means as soon as possible.';
+COMMENT ON COLUMN outbox.events.permanent_failures IS
+'Number of delivery attempts Kafka refused with a permanent error (message too large, topic refused, ...). Transient failures (broker unreachable, timeouts) do not count. At outbox.max_attempts the event is marked failed.';
+COMMENT ON COLUMN outbox.events.failed_at IS
+'When the event was marked failed (a dead letter): it is not retried until outbox.retry_failed(). With outbox.on_failed_event = hold, later events of its aggregate wait behind it. NULL = not failed.';
+
+/*
+ * The relay's persistent switches.  One row; outbox.pause() and
+ * outbox.resume() flip it, so a pause survives a server restart.
+ */
+CREATE TABLE outbox.relay (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    paused      boolean NOT NULL DEFAULT false,
+    paused_at   timestamptz,
+    paused_by   name
+);
+INSERT INTO outbox.relay DEFAULT VALUES;
+
+COMMENT ON TABLE outbox.relay IS
+'Relay switches that survive a restart (one row). Change them with outbox.pause() and outbox.resume(), not directly.';
+COMMENT ON COLUMN outbox.relay.singleton IS
+'Always true: keeps the table at one row.';
+COMMENT ON COLUMN outbox.relay.paused IS
+'True while the relay is paused by outbox.pause(): it claims and publishes nothing until outbox.resume().';
+COMMENT ON COLUMN outbox.relay.paused_at IS
+'When outbox.pause() was called; NULL when not paused.';
+COMMENT ON COLUMN outbox.relay.paused_by IS
+'Role (session user) that called outbox.pause(); NULL when not paused.';
+
+/*
+ * outbox.emit: the SQL API.  Implemented in C (src/emit.c) so that the
+ * validation runs before anything is written and the committing transaction
+ * can wake the relay worker.
+ */
+CREATE FUNCTION outbox.emit(aggregate_type text,
+                            aggregate_id text,
+                            event_type text,
+                            payload jsonb,
+                            headers jsonb DEFAULT NULL,
+                            topic text DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_emit'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) IS
+'Writes one event into outbox.events in the current transaction and returns its event_id (uuid). The relay publishes it to Kafka only if the transaction commits. aggregate_type, aggregate_id and event_type must be non-empty; headers must be a JSON object of string values (keys id, event_type, aggregate_type are reserved); topic, or outbox.topic_prefix || aggregate_type when topic is NULL, must be a legal Kafka topic name (1-249 of [a-zA-Z0-9._-], not "." or "..") and allowed by outbox.allowed_topics. Runs as the extension owner: callers need EXECUTE only (not granted to PUBLIC). Errors: 22004 for a NULL argument, 22023 for any other invalid argument, 42501 for a topic outbox.allowed_topics does not allow.';
+
+/*
+ * Requeue failed events (dead letters).  C, so that the requeue wakes the
+ * relay at commit like emit() does.
+ */
+CREATE FUNCTION outbox.retry_failed()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_retry_failed_all'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.retry_failed() IS
+'Requeues every event marked failed: clears failed_at, permanent_failures and the backoff, so the relay tries each again (in id order, before later events of its aggregate). Returns the number of events requeued. Takes effect when the calling transaction commits.';
+
+CREATE FUNCTION outbox.retry_failed(event_id uuid)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'outbox_retry_failed_one'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.retry_failed(uuid) IS
+'Requeues one failed event, given its event_id. Returns true if it was marked failed and is now requeued, false if no unpublished failed event has that id.';
+
+/*
+ * outbox.status: what the relay worker is doing, read from shared memory
+ * (never blocks the worker) plus the backlog read from the table.
+ */
+CREATE FUNCTION outbox.worker_status(
+    OUT database name,
+    OUT pid integer,
+    OUT state text,
+    OUT published bigint,
+    OUT failed bigint,
+    OUT delivery_errors bigint,
+    OUT last_publish_at timestamptz,
+    OUT last_error text,
+    OUT last_error_at timestamptz,
+    OUT started_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_worker_status'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.worker_status() IS
+'One row per running relay worker, read from shared memory: database, pid, state (starting, waiting_for_database, waiting_for_extension, not_configured, config_error, idle, publishing, broker_down), events published, events marked failed and failed delivery attempts since the worker started, time of the last acknowledged event, last error text and time, and when the worker started. No rows when the library is not in shared_preload_libraries.';
+
+CREATE VIEW outbox.status AS
+SELECT w.database,
+       w.pid,
+       w.state,
+       CASE WHEN w.database = pg_catalog.current_database() THEN p.pending END AS pending,
+       CASE WHEN w.database = pg_catalog.current_database() THEN p.failed_events END AS failed_events,
+       CASE WHEN w.database = pg_catalog.current_database()
+            THEN pg_catalog.clock_timestamp() - p.oldest_pending_at END AS oldest_pending_age,
+       w.published,
+       w.failed,
+       w.delivery_errors,
+       w.last_publish_at,
+       w.last_error,
+       w.last_error_at,
+       w.started_at
+  FROM outbox.worker_status() AS w
+ CROSS JOIN LATERAL (
+       SELECT pg_catalog.count(*) FILTER (WHERE e.failed_at IS NULL) AS pending,
+              pg_catalog.count(*) FILTER (WHERE e.failed_at IS NOT NULL) AS failed_events,
+              pg_catalog.min(e.created_at) FILTER (WHERE e.failed_at IS NULL) AS oldest_pending_at
+         FROM outbox.events AS e
+        WHERE e.published_at IS NULL) AS p;
+
+COMMENT ON VIEW outbox.status IS
+'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. Empty when no relay worker runs.';
+
+COMMENT ON SEQUENCE outbox.events_id_seq IS
+'Identity sequence of outbox.events.id; pg_dump keeps its position.';
+
+/* trigger capture */
+CREATE FUNCTION outbox.capture()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_capture'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.capture() IS
+'Trigger function: CREATE TRIGGER ... AFTER INSERT OR UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION outbox.capture(aggregate_type, key_columns [, topic]). Writes one event per row in the same transaction: event_type <table>.created|updated|deleted (the root table for partitions), aggregate_id = the key column values (several columns: comma-separated in key_columns; values joined by '':'' with '':'' and ''\'' escaped by ''\''), payload {"op", "table", "before", "after"} with the rows as JSON (NULL for the missing side). Errors name the trigger and table: wrong arguments or timing (42P17), unknown key column (42703), NULL key value (22004).';
+
+/* operations */
+CREATE FUNCTION outbox.pause()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_pause'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.pause() IS
+'Pauses the relay when the calling transaction commits: it finishes the batch in flight, then claims nothing (outbox.status state paused) until outbox.resume(). Survives restarts. emit() keeps working; events wait in the table.';
+
+CREATE FUNCTION outbox.resume()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_resume'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.resume() IS
+'Resumes a paused relay when the calling transaction commits, and wakes it.';
+
+CREATE FUNCTION outbox.replay(since timestamptz)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_replay_since'
+LANGUAGE C VOLATILE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.replay(timestamptz) IS
+'Publishes again every event created at or after since that is still kept (published, not yet deleted by outbox.retention): marks them unpublished, so the relay sends them again in id order with their original event ids. Returns the number of events requeued.';
+
+CREATE FUNCTION outbox.replay(from_id bigint, to_id bigint)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_replay_range'
+LANGUAGE C VOLATILE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.replay(bigint, bigint) IS
+'Publishes again the kept, published events whose id is between from_id and to_id (inclusive). Returns the number of events requeued. Error 22023 if from_id > to_id.';
+
+CREATE FUNCTION outbox.purge(older_than interval)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_purge'
+LANGUAGE C VOLATILE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.purge(interval) IS
+'Deletes now the published events published more than older_than ago (''0'' = all published events). Pending and failed events are never deleted. Returns the number deleted. Error 22023 for a negative interval.';
+
+/*
+ * Least privilege.  emit() and the other functions run as the extension's
+ * owner with a fixed search_path (see their definitions), so callers need
+ * no right on the table and nothing a caller creates in public or pg_temp
+ * is ever used.  PUBLIC gets nothing.
+ */
+
+REVOKE ALL ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.capture() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.pause() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.resume() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.purge(interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.retry_failed() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.retry_failed(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.worker_status() FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.events FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.relay FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.status FROM PUBLIC;
+
+/* monitoring: pg_monitor may read the status, nothing else */
+GRANT USAGE ON SCHEMA outbox TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox.worker_status() TO pg_monitor;
+GRANT SELECT ON TABLE outbox.status TO pg_monitor;
+
+/*
+ * Every event is written twice (the INSERT of emit() and the UPDATE that
+ * marks it published; that UPDATE cannot be HOT, published_at being in the
+ * partial indexes' predicates) and deleted once by the retention.  With the
+ * default thresholds (20% of the table) autovacuum comes ever later as the
+ * table grows, and the space of deleted events is reused late.  Vacuum this
+ * table whenever 10,000 rows are dead, without cost-based throttling: its
+ * dead rows are the oldest, and the table is small when vacuumed often.
+ */
+ALTER TABLE outbox.events SET (
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 10000,
+    autovacuum_vacuum_cost_delay = 0
+);
