@@ -18,7 +18,7 @@
  *					by ':', each with '\' and ':' escaped by a '\', so that
  *					different keys never give the same id
  *	payload			{"op": "created"|"updated"|"deleted",
- *					 "table": "<schema>.<table>",
+ *					 "table": "<schema>.<table>" (quoted as SQL needs),
  *					 "before": <old row> | null, "after": <new row> | null}
  *					rows as row_to_json() renders them: every column by
  *					name, numeric exact, timestamps ISO 8601, bytea as
@@ -140,9 +140,10 @@ outbox_capture(PG_FUNCTION_ARGS)
 	appendStringInfoString(&payload, "{\"op\": ");
 	escape_json(&payload, op);
 	appendStringInfoString(&payload, ", \"table\": ");
-	escape_json(&payload, psprintf("%s.%s",
-								   get_namespace_name(get_rel_namespace(root)),
-								   get_rel_name(root)));
+	/* quoted where SQL needs quotes, so that dots in names stay unambiguous */
+	escape_json(&payload,
+				quote_qualified_identifier(get_namespace_name(get_rel_namespace(root)),
+										   get_rel_name(root)));
 	appendStringInfoString(&payload, ", \"before\": ");
 	append_row_json(&payload, before, RelationGetDescr(rel));
 	appendStringInfoString(&payload, ", \"after\": ");

@@ -140,5 +140,13 @@ DROP TRIGGER bad_long ON bad;
 SELECT outbox.capture();
 SELECT count(*) = :n AS nothing_written FROM outbox.events;
 
+-- "table" is quoted where SQL needs quotes: no ambiguity with dots in names
+CREATE SCHEMA "We.ird";
+CREATE TABLE "We.ird"."My Table" (id int PRIMARY KEY);
+CREATE TRIGGER weird_outbox AFTER INSERT ON "We.ird"."My Table" FOR EACH ROW EXECUTE FUNCTION outbox.capture('weird', 'id');
+INSERT INTO "We.ird"."My Table" VALUES (1);
+SELECT event_type, payload->>'table' AS "table" FROM outbox.events WHERE aggregate_type = 'weird';
+DROP SCHEMA "We.ird" CASCADE;
+
 DROP TABLE orders, lines, readings, bad;
 DROP EXTENSION outbox;
