@@ -33,6 +33,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/lsyscache.h"
@@ -73,6 +74,8 @@ outbox_capture(PG_FUNCTION_ARGS)
 	HeapTuple	after = NULL;
 	StringInfoData payload;
 	OutboxEvent event;
+	Oid			save_userid;
+	int			save_sec_context;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
@@ -128,6 +131,19 @@ outbox_capture(PG_FUNCTION_ARGS)
 	if (rel->rd_rel->relispartition)
 		root = llast_oid(get_partition_ancestors(root));
 
+	/*
+	 * capture() runs as the extension's owner (SECURITY DEFINER), but
+	 * rendering the row calls code the table's owner may have written: casts
+	 * to json of its own types, output functions.  Run that as the table's
+	 * owner, in a security-restricted operation (as PostgreSQL does for
+	 * index expressions), so that it never gains the extension owner's
+	 * rights.  An error restores the user id with the transaction's abort.
+	 */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(rel->rd_rel->relowner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+
 	event.aggregate_type = cstring_to_text(trigger->tgargs[0]);
 	event.aggregate_id = aggregate_id_of(trigdata, after ? after : before,
 										 trigger->tgargs[1], context);
@@ -152,6 +168,9 @@ outbox_capture(PG_FUNCTION_ARGS)
 	event.payload = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
 													   CStringGetDatum(payload.data)));
 
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	outbox_check_event_lengths(&event, context);
 	outbox_insert_event(&event);
 
 	return PointerGetDatum(NULL);
@@ -216,6 +235,19 @@ aggregate_id_of(TriggerData *trigdata, HeapTuple tuple, const char *key_columns,
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
 				 errmsg("%sthe key columns (argument 2) must name at least one column", context)));
+	/* strtok_r passes over empty items ("id,,b"): count the commas */
+	{
+		int			commas = 0;
+		const char *c;
+
+		for (c = key_columns; *c; c++)
+			commas += (*c == ',');
+		if (list_length(names) != commas + 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+					 errmsg("%sthe key columns (argument 2) contain an empty item", context),
+					 errhint("List the key columns separated by single commas, e.g. 'order_id,line'.")));
+	}
 
 	initStringInfo(&id);
 	foreach(lc, names)

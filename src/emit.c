@@ -37,7 +37,8 @@ static void outbox_xact_callback(XactEvent event, void *arg);
 static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
 							   const char *name);
 static void validate_headers(Jsonb *headers);
-static void check_length(text *value, const char *name, int max);
+static void check_length(text *value, const char *name, int max,
+						 const char *context);
 static bool topic_is_internal(const char *name);
 static const char *jsonb_type_name(JsonbValue *v);
 
@@ -176,8 +177,7 @@ outbox_insert_event(const OutboxEvent *event)
 	pg_uuid_t  *result;
 	int			ret;
 
-	check_length(event->aggregate_type, "aggregate_type", OUTBOX_AGGREGATE_TYPE_MAX_BYTES);
-	check_length(event->aggregate_id, "aggregate_id", OUTBOX_AGGREGATE_ID_MAX_BYTES);
+	outbox_check_event_lengths(event, NULL);
 
 	values[0] = PointerGetDatum(event->aggregate_type);
 	values[1] = PointerGetDatum(event->aggregate_id);
@@ -250,16 +250,30 @@ topic_is_internal(const char *name)
  * relay's index (see OUTBOX_AGGREGATE_ID_MAX_BYTES): refuse it now.
  */
 static void
-check_length(text *value, const char *name, int max)
+check_length(text *value, const char *name, int max, const char *context)
 {
 	int			len = VARSIZE_ANY_EXHDR(value);
 
 	if (len > max)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("%s is too long", name),
+				 errmsg("%s%s is too long", context ? context : "", name),
 				 errdetail("It is %d bytes; at most %d bytes are allowed.", len, max),
 				 errhint("Use a shorter identifier, e.g. a hash of it.")));
+}
+
+/*
+ * outbox_check_event_lengths
+ *		Raise 22001 if event's aggregate_type is longer than 255 bytes or its
+ *		aggregate_id longer than 1024 (see OUTBOX_AGGREGATE_ID_MAX_BYTES).
+ *		context, if not NULL, is prefixed to the message (the capture
+ *		trigger names its trigger and table).
+ */
+void
+outbox_check_event_lengths(const OutboxEvent *event, const char *context)
+{
+	check_length(event->aggregate_type, "aggregate_type", OUTBOX_AGGREGATE_TYPE_MAX_BYTES, context);
+	check_length(event->aggregate_id, "aggregate_id", OUTBOX_AGGREGATE_ID_MAX_BYTES, context);
 }
 
 /*

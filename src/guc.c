@@ -59,6 +59,8 @@ static const struct config_enum_entry on_failed_event_options[] = {
 };
 
 static bool check_topic_prefix(char **newval, void **extra, GucSource source);
+static bool check_bootstrap_servers(char **newval, void **extra,
+									GucSource source);
 static bool check_kafka_properties(char **newval, void **extra,
 								   GucSource source);
 static void assign_kafka_properties(const char *newval, void *extra);
@@ -101,7 +103,7 @@ outbox_define_gucs(void)
 							   "",
 							   PGC_SIGHUP,
 							   0,
-							   NULL, NULL, NULL);
+							   check_bootstrap_servers, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.topic_prefix",
 							   "Prefix of routed topic names: topic = prefix || aggregate_type.",
@@ -237,6 +239,37 @@ check_topic_prefix(char **newval, void **extra, GucSource source)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * A list of host:port items separated by commas, or empty.  An empty item
+ * (",,", a trailing comma) is refused: librdkafka would ignore it, and a
+ * list of nothing but commas would leave the relay with no broker while
+ * looking configured.  What the items name is librdkafka's business.
+ */
+static bool
+check_bootstrap_servers(char **newval, void **extra, GucSource source)
+{
+	const char *item = *newval;
+
+	if (**newval == '\0')
+		return true;
+	for (;;)
+	{
+		size_t		len = strcspn(item, ",");
+		size_t		blank = 0;
+
+		while (blank < len && isspace((unsigned char) item[blank]))
+			blank++;
+		if (blank == len)
+		{
+			GUC_check_errdetail("The list has an empty item; give host:port items separated by commas.");
+			return false;
+		}
+		if (item[len] == '\0')
+			return true;
+		item += len + 1;
+	}
 }
 
 /*
@@ -577,4 +610,10 @@ outbox_emit_log_hook(ErrorData *edata)
 		if (edata->message != NULL && strstr(edata->message, debug_query_string) != NULL)
 			edata->message = pstrdup("statement: (a statement mentioning outbox.kafka_properties, not logged)");
 	}
+
+	/* a statement run by a function (EXECUTE in a DO block, say) */
+	if (edata->context != NULL && mentions_kafka_properties(edata->context))
+		edata->context = pstrdup("(a statement mentioning outbox.kafka_properties, not logged)");
+	if (edata->internalquery != NULL && mentions_kafka_properties(edata->internalquery))
+		edata->internalquery = NULL;
 }

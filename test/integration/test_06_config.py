@@ -118,6 +118,16 @@ def test_allowed_topics_without_a_topic_is_refused(env, conn):
     assert query_one(conn, "SHOW outbox.allowed_topics")[0] == ""
 
 
+def test_bootstrap_servers_with_an_empty_item_is_refused(env, conn):
+    # ",,," would leave the relay with no broker while it looks configured
+    shown = query_one(conn, "SHOW outbox.bootstrap_servers")[0]
+    for value in (",,,", "127.0.0.1:1,", "a:1,, b:2", " "):
+        with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+            query(conn, "ALTER SYSTEM SET outbox.bootstrap_servers = %s", (value,))
+        assert "empty item" in str(e.value), str(e.value)
+    assert query_one(conn, "SHOW outbox.bootstrap_servers")[0] == shown
+
+
 def test_empty_bootstrap_servers_idles_then_reload_resumes(env, conn, prefix, reader_factory):
     agg_type = new_aggregate_type("nobootstrap")
     topic = prefix + agg_type

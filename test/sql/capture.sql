@@ -140,6 +140,39 @@ DROP TRIGGER bad_long ON bad;
 SELECT outbox.capture();
 SELECT count(*) = :n AS nothing_written FROM outbox.events;
 
+-- an empty item in the key column list
+CREATE TRIGGER bad_empty_key AFTER INSERT ON bad FOR EACH ROW EXECUTE FUNCTION outbox.capture('bad', 'id,,k');
+INSERT INTO bad VALUES (1, 'x');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+DROP TRIGGER bad_empty_key ON bad;
+
+-- capture() runs as the extension's owner, but the row is rendered as the
+-- table's owner in a security-restricted operation: a cast to json that the
+-- table's owner wrote never runs with more rights than its own
+CREATE ROLE capture_owner;
+GRANT USAGE ON SCHEMA outbox TO capture_owner;
+GRANT EXECUTE ON FUNCTION outbox.capture() TO capture_owner;
+CREATE SCHEMA cap_evil AUTHORIZATION capture_owner;
+SET ROLE capture_owner;
+CREATE TYPE cap_evil.e AS ENUM ('a');
+CREATE FUNCTION cap_evil.evil(cap_evil.e) RETURNS json LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE 'the cast runs as %', current_user;
+    EXECUTE 'ALTER ROLE capture_owner SUPERUSER';
+    RETURN to_json($1::text);
+END $$;
+CREATE CAST (cap_evil.e AS json) WITH FUNCTION cap_evil.evil(cap_evil.e);
+CREATE TABLE cap_evil.t (id int PRIMARY KEY, v cap_evil.e);
+CREATE TRIGGER t_out AFTER INSERT ON cap_evil.t FOR EACH ROW EXECUTE FUNCTION outbox.capture('capevil', 'id');
+INSERT INTO cap_evil.t VALUES (1, 'a');
+RESET ROLE;
+SELECT rolsuper AS became_superuser FROM pg_roles WHERE rolname = 'capture_owner';
+SELECT count(*) AS captured FROM outbox.events WHERE aggregate_type = 'capevil';
+DROP SCHEMA cap_evil CASCADE;
+REVOKE ALL ON FUNCTION outbox.capture() FROM capture_owner;
+REVOKE ALL ON SCHEMA outbox FROM capture_owner;
+DROP ROLE capture_owner;
+
 -- "table" is quoted where SQL needs quotes: no ambiguity with dots in names
 CREATE SCHEMA "We.ird";
 CREATE TABLE "We.ird"."My Table" (id int PRIMARY KEY);
