@@ -106,6 +106,10 @@ def test_relay_publishes_through_sasl(env, prefix, reader_factory):
         #    nothing lost while events keep coming
         log2 = Log(env)
         set_system(conn, {"outbox.kafka_properties": PROPS.format(WRONG_PASSWORD)})
+        # the reload is asynchronous: an event committed before the relay applied it may still
+        # go out with the old producer
+        wait_until(lambda: "Kafka settings changed" in log2.text(), 20,
+                   "the relay to apply the wrong password")
         t_wrong = time.monotonic()
         held = []
         i = 0
