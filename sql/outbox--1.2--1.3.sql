@@ -1,4 +1,8 @@
-/* outbox--1.2--1.3.sql: autovacuum settings that keep outbox.events small */
+/*
+ * outbox--1.2--1.3.sql: autovacuum settings that keep outbox.events small.
+ * There is no outbox--1.3.sql: CREATE EXTENSION installs 1.2 and applies
+ * this script, so the two never drift apart.
+ */
 
 -- complain if script is sourced in psql, rather than via ALTER EXTENSION
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.3'" to load this file. \quit

@@ -170,8 +170,7 @@ outbox_capture(PG_FUNCTION_ARGS)
 
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 
-	outbox_check_event_lengths(&event, context);
-	outbox_insert_event(&event);
+	outbox_insert_event(&event, context);
 
 	return PointerGetDatum(NULL);
 }

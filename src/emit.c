@@ -153,7 +153,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 		validate_headers(event.headers);
 	outbox_validate_topic(event.topic, event.aggregate_type, NULL);
 
-	PG_RETURN_POINTER(outbox_insert_event(&event));
+	PG_RETURN_POINTER(outbox_insert_event(&event, NULL));
 }
 
 /*
@@ -163,12 +163,13 @@ outbox_emit(PG_FUNCTION_ARGS)
  *
  * The caller has checked the arguments (outbox_validate_topic() for the
  * topic); the lengths of aggregate_type and aggregate_id are checked here,
- * for every caller (22001).  Returns the new event_id, palloc'd in the
- * caller's context.  Raises ERROR if the INSERT fails (e.g. the extension
- * is being dropped).
+ * for every caller (22001, messages prefixed by context if not NULL: the
+ * trigger capture names its trigger and table).  Returns the new event_id,
+ * palloc'd in the caller's context.  Raises ERROR if the INSERT fails (e.g.
+ * the extension is being dropped).
  */
 pg_uuid_t *
-outbox_insert_event(const OutboxEvent *event)
+outbox_insert_event(const OutboxEvent *event, const char *context)
 {
 	Datum		values[6];
 	char		nulls[6];
@@ -177,7 +178,8 @@ outbox_insert_event(const OutboxEvent *event)
 	pg_uuid_t  *result;
 	int			ret;
 
-	outbox_check_event_lengths(event, NULL);
+	check_length(event->aggregate_type, "aggregate_type", OUTBOX_AGGREGATE_TYPE_MAX_BYTES, context);
+	check_length(event->aggregate_id, "aggregate_id", OUTBOX_AGGREGATE_ID_MAX_BYTES, context);
 
 	values[0] = PointerGetDatum(event->aggregate_type);
 	values[1] = PointerGetDatum(event->aggregate_id);
@@ -260,20 +262,6 @@ check_length(text *value, const char *name, int max, const char *context)
 				 errmsg("%s%s is too long", context ? context : "", name),
 				 errdetail("It is %d bytes; at most %d bytes are allowed.", len, max),
 				 errhint("Use a shorter identifier, e.g. a hash of it.")));
-}
-
-/*
- * outbox_check_event_lengths
- *		Raise 22001 if event's aggregate_type is longer than 255 bytes or its
- *		aggregate_id longer than 1024 (see OUTBOX_AGGREGATE_ID_MAX_BYTES).
- *		context, if not NULL, is prefixed to the message (the capture
- *		trigger names its trigger and table).
- */
-void
-outbox_check_event_lengths(const OutboxEvent *event, const char *context)
-{
-	check_length(event->aggregate_type, "aggregate_type", OUTBOX_AGGREGATE_TYPE_MAX_BYTES, context);
-	check_length(event->aggregate_id, "aggregate_id", OUTBOX_AGGREGATE_ID_MAX_BYTES, context);
 }
 
 /*

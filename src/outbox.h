@@ -156,9 +156,8 @@ typedef struct OutboxEvent
 extern bool outbox_topic_is_legal(const char *topic, int len);
 extern void outbox_validate_topic(text *topic, text *aggregate_type,
 								  const char *context);
-extern void outbox_check_event_lengths(const OutboxEvent *event,
-									   const char *context);
-extern pg_uuid_t *outbox_insert_event(const OutboxEvent *event);
+extern pg_uuid_t *outbox_insert_event(const OutboxEvent *event,
+									  const char *context);
 extern void outbox_register_wakeup_at_commit(bool control);
 
 /*

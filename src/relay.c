@@ -706,6 +706,22 @@ delivery_error_text(rd_kafka_resp_err_t err)
 }
 
 /*
+ * Did this row's delivery fail, in a way that counts as an attempt?  A row
+ * dropped by us or by a stopped producer (purged, fatal) has no verdict and
+ * is simply sent again.
+ */
+static bool
+delivery_failed(const BatchEntry *e, const OutboxDelivery *d)
+{
+	if (!e->produced)
+		return e->error != RD_KAFKA_RESP_ERR_NO_ERROR;
+	return d->reported && d->err != RD_KAFKA_RESP_ERR_NO_ERROR &&
+		d->err != RD_KAFKA_RESP_ERR__PURGE_QUEUE &&
+		d->err != RD_KAFKA_RESP_ERR__PURGE_INFLIGHT &&
+		d->err != RD_KAFKA_RESP_ERR__FATAL;
+}
+
+/*
  * Apply the delivery reports to the table: acknowledged rows are marked
  * published (or deleted), failed rows get attempts + 1, last_error and a
  * backoff.  Rows without a report (aborted batch, held back, fatal error)
@@ -743,24 +759,19 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 			highest_published_id = Max(highest_published_id, e->id);
 			continue;
 		}
-		if (e->produced && d->reported &&
-			(d->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE ||
-			 d->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT ||
-			 d->err == RD_KAFKA_RESP_ERR__FATAL))
-			continue;			/* dropped by us or by a stopped producer: no
-								 * verdict on the event, send it again */
-		if (e->produced && d->reported)
+		if (!delivery_failed(e, d))
+			continue;			/* no verdict (purged, fatal, aborted before
+								 * its report): send it again later */
+		if (e->produced)
 		{
 			err = d->err;
 			text = delivery_error_text(err);
 		}
-		else if (!e->produced && e->error != RD_KAFKA_RESP_ERR_NO_ERROR)
+		else
 		{
 			err = e->error;
 			text = e->error_text;
 		}
-		else
-			continue;			/* no report: aborted, try again later */
 
 		failed_permanent[nfailed] = BoolGetDatum(outbox_kafka_error_is_permanent(err));
 		if (DatumGetBool(failed_permanent[nfailed]))
@@ -788,13 +799,7 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 	{
 		for (i = 0; i < n; i++)
 		{
-			OutboxDelivery *d = &producer->deliveries[i];
-
-			if (!(entries[i].produced && d->reported && d->err != RD_KAFKA_RESP_ERR_NO_ERROR &&
-				  d->err != RD_KAFKA_RESP_ERR__PURGE_QUEUE &&
-				  d->err != RD_KAFKA_RESP_ERR__PURGE_INFLIGHT &&
-				  d->err != RD_KAFKA_RESP_ERR__FATAL) &&
-				entries[i].error == RD_KAFKA_RESP_ERR_NO_ERROR)
+			if (!delivery_failed(&entries[i], &producer->deliveries[i]))
 				continue;
 			for (int j = i + 1; j < n; j++)
 			{
