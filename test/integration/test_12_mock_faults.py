@@ -8,7 +8,9 @@ occurrences strictly increasing), every row marked published, and no transient e
 as permanent (permanent_failures 0, failed_at NULL, status.failed unchanged).
 
 The mock does not de-duplicate retried batches of an idempotent (non-transactional) producer, so
-duplicates are counted and reported here, not forbidden.
+duplicates are counted and reported here, not forbidden.  Nor does it check their sequence
+numbers, so the relay keeps one Produce request in flight here (see MOCK_KAFKA_PROPERTIES and
+test/mock/implicit_ack_probe.py): otherwise librdkafka may report a refused batch delivered.
 """
 import time
 
