@@ -21,8 +21,18 @@
  *					 "table": "<schema>.<table>" (quoted as SQL needs),
  *					 "before": <old row> | null, "after": <new row> | null}
  *					rows as row_to_json() renders them: every column by
- *					name, numeric exact, timestamps ISO 8601, bytea as
- *					"\x..." hex, arrays as JSON arrays, NULL as null
+ *					name, numeric exact, timestamps ISO 8601 in UTC, bytea
+ *					as "\x..." hex, arrays as JSON arrays, NULL as null
+ *
+ * An UPDATE that changes the key becomes two events, <table>.deleted under
+ * the old key and <table>.created under the new one (as Debezium does), so
+ * that every key's history ends with its last state: a compacted topic
+ * would otherwise keep the old key's row for ever.
+ *
+ * Keys and rows are rendered with fixed output settings (render_settings),
+ * not the writing session's: a key is the Kafka message key, and one row
+ * must give the same key, hence the same partition and the same order,
+ * whatever DateStyle or TimeZone the session happens to use.
  *
  *-------------------------------------------------------------------------
  */
@@ -35,13 +45,34 @@
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
+#include "pgtime.h"
 #include "utils/json.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 
 PG_FUNCTION_INFO_V1(outbox_capture);
 
+/*
+ * Output settings under which keys and rows are rendered, whatever the
+ * session set: the defaults of a fresh cluster, with TimeZone UTC (as
+ * pg_dump fixes its own output settings).
+ */
+#define RENDER_TIMEZONE 0
+static const char *const render_settings[][2] = {
+	{"TimeZone", "UTC"},
+	{"DateStyle", "ISO, MDY"},
+	{"IntervalStyle", "postgres"},
+	{"bytea_output", "hex"},
+	{"extra_float_digits", "1"},
+	{"lc_monetary", "C"},
+};
+
+static bool timezone_is_utc(void);
 static char *trigger_context(TriggerData *trigdata);
+static void build_event(OutboxEvent *event, TriggerData *trigdata, Oid root,
+						const char *op, HeapTuple before, HeapTuple after,
+						text *aggregate_id, const char *context);
 static text *aggregate_id_of(TriggerData *trigdata, HeapTuple tuple,
 							 const char *key_columns, const char *context);
 static void append_row_json(StringInfo buf, HeapTuple tuple, TupleDesc tupdesc);
@@ -69,13 +100,16 @@ outbox_capture(PG_FUNCTION_ARGS)
 	Relation	rel;
 	char	   *context;
 	Oid			root;
-	const char *op;
 	HeapTuple	before = NULL;
 	HeapTuple	after = NULL;
-	StringInfoData payload;
-	OutboxEvent event;
+	text	   *old_key = NULL;
+	text	   *new_key = NULL;
+	OutboxEvent events[2];
+	int			nevents = 1;
 	Oid			save_userid;
 	int			save_sec_context;
+	int			save_nestlevel;
+	int			i;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
@@ -109,22 +143,12 @@ outbox_capture(PG_FUNCTION_ARGS)
 				 errmsg("%sthe topic (argument 3) must not be empty", context),
 				 errhint("Leave the argument out to route events by aggregate type.")));
 
+	if (!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		before = trigdata->tg_trigtuple;
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-	{
-		op = "created";
 		after = trigdata->tg_trigtuple;
-	}
 	else if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
-	{
-		op = "updated";
-		before = trigdata->tg_trigtuple;
 		after = trigdata->tg_newtuple;
-	}
-	else
-	{
-		op = "deleted";
-		before = trigdata->tg_trigtuple;
-	}
 
 	/* a partition reports as the partitioned table it belongs to */
 	root = RelationGetRelid(rel);
@@ -137,20 +161,85 @@ outbox_capture(PG_FUNCTION_ARGS)
 	 * to json of its own types, output functions.  Run that as the table's
 	 * owner, in a security-restricted operation (as PostgreSQL does for
 	 * index expressions), so that it never gains the extension owner's
-	 * rights.  An error restores the user id with the transaction's abort.
+	 * rights.  The output settings are set at a new GUC nest level, undone
+	 * below; an error undoes both with the transaction's abort.
 	 */
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	SetUserIdAndSecContext(rel->rd_rel->relowner,
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
+	save_nestlevel = NewGUCNestLevel();
+	for (i = 0; i < lengthof(render_settings); i++)
+	{
+		const char *current = GetConfigOption(render_settings[i][0], false, false);
 
-	event.aggregate_type = cstring_to_text(trigger->tgargs[0]);
-	event.aggregate_id = aggregate_id_of(trigdata, after ? after : before,
-										 trigger->tgargs[1], context);
-	event.event_type = cstring_to_text(psprintf("%s.%s", get_rel_name(root), op));
-	event.headers = NULL;
-	event.topic = trigger->tgnargs == 3 ? cstring_to_text(trigger->tgargs[2]) : NULL;
-	outbox_validate_topic(event.topic, event.aggregate_type, context);
+		/* setting a GUC costs a little (TimeZone, lc_monetary): only if needed */
+		if (current != NULL && strcmp(current, render_settings[i][1]) == 0)
+			continue;
+		if (i == RENDER_TIMEZONE && timezone_is_utc())
+			continue;
+		(void) set_config_option(render_settings[i][0], render_settings[i][1],
+								 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+								 true, 0, false);
+	}
+
+	if (before)
+		old_key = aggregate_id_of(trigdata, before, trigger->tgargs[1], context);
+	if (after)
+		new_key = aggregate_id_of(trigdata, after, trigger->tgargs[1], context);
+
+	/* keys are compared byte for byte: a Kafka key is bytes */
+	if (before && after &&
+		(VARSIZE_ANY_EXHDR(old_key) != VARSIZE_ANY_EXHDR(new_key) ||
+		 memcmp(VARDATA_ANY(old_key), VARDATA_ANY(new_key),
+				VARSIZE_ANY_EXHDR(old_key)) != 0))
+	{
+		/* the key changed: end the old key's history, start the new one's */
+		build_event(&events[0], trigdata, root, "deleted", before, NULL, old_key, context);
+		build_event(&events[1], trigdata, root, "created", NULL, after, new_key, context);
+		nevents = 2;
+	}
+	else if (before && after)
+		build_event(&events[0], trigdata, root, "updated", before, after, new_key, context);
+	else if (after)
+		build_event(&events[0], trigdata, root, "created", NULL, after, new_key, context);
+	else
+		build_event(&events[0], trigdata, root, "deleted", before, NULL, old_key, context);
+
+	AtEOXact_GUC(true, save_nestlevel);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	/* inserted as the extension's owner: the table's owner needs no grant */
+	for (i = 0; i < nevents; i++)
+		outbox_insert_event(&events[i], context);
+
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * build_event
+ *		Fill *event with one event of a captured row change.
+ *
+ * op is "created", "updated" or "deleted"; before/after are the old and new
+ * row or NULL; aggregate_id is the rendered key.  Called with the table
+ * owner's user id and the fixed output settings in place.  Raises what
+ * outbox_validate_topic() raises (22023, 42501).
+ */
+static void
+build_event(OutboxEvent *event, TriggerData *trigdata, Oid root, const char *op,
+			HeapTuple before, HeapTuple after, text *aggregate_id,
+			const char *context)
+{
+	Trigger    *trigger = trigdata->tg_trigger;
+	TupleDesc	tupdesc = RelationGetDescr(trigdata->tg_relation);
+	StringInfoData payload;
+
+	event->aggregate_type = cstring_to_text(trigger->tgargs[0]);
+	event->aggregate_id = aggregate_id;
+	event->event_type = cstring_to_text(psprintf("%s.%s", get_rel_name(root), op));
+	event->headers = NULL;
+	event->topic = trigger->tgnargs == 3 ? cstring_to_text(trigger->tgargs[2]) : NULL;
+	outbox_validate_topic(event->topic, event->aggregate_type, context);
 
 	initStringInfo(&payload);
 	appendStringInfoString(&payload, "{\"op\": ");
@@ -161,18 +250,26 @@ outbox_capture(PG_FUNCTION_ARGS)
 				quote_qualified_identifier(get_namespace_name(get_rel_namespace(root)),
 										   get_rel_name(root)));
 	appendStringInfoString(&payload, ", \"before\": ");
-	append_row_json(&payload, before, RelationGetDescr(rel));
+	append_row_json(&payload, before, tupdesc);
 	appendStringInfoString(&payload, ", \"after\": ");
-	append_row_json(&payload, after, RelationGetDescr(rel));
+	append_row_json(&payload, after, tupdesc);
 	appendStringInfoChar(&payload, '}');
-	event.payload = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
-													   CStringGetDatum(payload.data)));
+	event->payload = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+														CStringGetDatum(payload.data)));
+}
 
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+/*
+ * True if the session's time zone renders timestamps as UTC does: a zone
+ * with a fixed offset of 0 (UTC, Etc/UTC, GMT, Zulu...).  With DateStyle
+ * ISO only the offset is printed, never the zone's name.
+ */
+static bool
+timezone_is_utc(void)
+{
+	long int	gmtoff;
 
-	outbox_insert_event(&event, context);
-
-	return PointerGetDatum(NULL);
+	return session_timezone != NULL &&
+		pg_get_timezone_offset(session_timezone, &gmtoff) && gmtoff == 0;
 }
 
 static char *

@@ -17,8 +17,10 @@
 #include "outbox.h"
 
 #include "access/xact.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/uuid.h"
@@ -33,7 +35,11 @@ static bool xact_callback_registered = false;
 /* INSERT plan, prepared once per backend */
 static SPIPlanPtr insert_plan = NULL;
 
+/* warn_if_not_relayed() has run in this backend */
+static bool relay_checked = false;
+
 static void outbox_xact_callback(XactEvent event, void *arg);
+static void warn_if_not_relayed(void);
 static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
 							   const char *name);
 static void validate_headers(Jsonb *headers);
@@ -157,6 +163,42 @@ outbox_emit(PG_FUNCTION_ARGS)
 }
 
 /*
+ * warn_if_not_relayed
+ *		Once per backend, at its first event: WARNING if no relay will ever
+ *		publish what this database's outbox holds.
+ *
+ * emit() still succeeds there (a copy of the production database must stay
+ * writable, and the events wait in the table for a relay), but a silent
+ * success would let events pile up unnoticed.  The relay serves one
+ * database, outbox.database, and runs only if the library was preloaded.
+ */
+static void
+warn_if_not_relayed(void)
+{
+	char	   *dbname;
+
+	relay_checked = true;
+	if (outbox_shared == NULL)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox events are stored but not published: the outbox library is not in shared_preload_libraries"),
+				 errhint("Add 'outbox' to shared_preload_libraries and restart the server; the events wait in outbox.events until then.")));
+		return;
+	}
+	dbname = get_database_name(MyDatabaseId);
+	if (dbname != NULL && outbox_database != NULL &&
+		strcmp(dbname, outbox_database) != 0)
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox events emitted in database \"%s\" are not published", dbname),
+				 errdetail("The relay publishes the events of database \"%s\" only (outbox.database).",
+						   outbox_database),
+				 errhint("Emit in database \"%s\", or set outbox.database = '%s' and restart the server.",
+						 outbox_database, dbname)));
+}
+
+/*
  * outbox_insert_event
  *		Insert one validated event into outbox.events in the current
  *		transaction and make its commit wake the relay.
@@ -166,7 +208,8 @@ outbox_emit(PG_FUNCTION_ARGS)
  * for every caller (22001, messages prefixed by context if not NULL: the
  * trigger capture names its trigger and table).  Returns the new event_id,
  * palloc'd in the caller's context.  Raises ERROR if the INSERT fails (e.g.
- * the extension is being dropped).
+ * the extension is being dropped).  The first event of a backend may raise
+ * a WARNING when no relay publishes this database (warn_if_not_relayed).
  */
 pg_uuid_t *
 outbox_insert_event(const OutboxEvent *event, const char *context)
@@ -180,6 +223,8 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 
 	check_length(event->aggregate_type, "aggregate_type", OUTBOX_AGGREGATE_TYPE_MAX_BYTES, context);
 	check_length(event->aggregate_id, "aggregate_id", OUTBOX_AGGREGATE_ID_MAX_BYTES, context);
+	if (!relay_checked)
+		warn_if_not_relayed();
 
 	values[0] = PointerGetDatum(event->aggregate_type);
 	values[1] = PointerGetDatum(event->aggregate_id);

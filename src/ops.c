@@ -104,13 +104,20 @@ outbox_retry_failed_one(PG_FUNCTION_ARGS)
  * Sets outbox.relay.paused.  The relay finishes the batch in flight and
  * then claims nothing until outbox.resume(); the flag is in a table, so a
  * pause survives restarts.
+ *
+ * pause() and resume() update the row whatever its state, never "WHERE NOT
+ * paused": the update waits for a concurrent pause() or resume() to commit
+ * and then applies to its result (READ COMMITTED), so the call that commits
+ * last wins.  A filter would be checked against the row as it was before
+ * the other call, and the later call would silently do nothing.
  */
 Datum
 outbox_pause(PG_FUNCTION_ARGS)
 {
 	run("UPDATE outbox.relay SET paused = true,"
-		" paused_at = pg_catalog.clock_timestamp(), paused_by = session_user"
-		" WHERE NOT paused", 0, NULL, NULL, false);
+		" paused_at = CASE WHEN paused THEN paused_at ELSE pg_catalog.clock_timestamp() END,"
+		" paused_by = CASE WHEN paused THEN paused_by ELSE session_user END",
+		0, NULL, NULL, false);
 	/* wake the relay even if it was paused already: it shows the state */
 	outbox_register_wakeup_at_commit(true);
 	PG_RETURN_VOID();
@@ -123,8 +130,8 @@ outbox_pause(PG_FUNCTION_ARGS)
 Datum
 outbox_resume(PG_FUNCTION_ARGS)
 {
-	run("UPDATE outbox.relay SET paused = false, paused_at = NULL, paused_by = NULL"
-		" WHERE paused", 0, NULL, NULL, false);
+	run("UPDATE outbox.relay SET paused = false, paused_at = NULL, paused_by = NULL",
+		0, NULL, NULL, false);
 	outbox_register_wakeup_at_commit(true);
 	PG_RETURN_VOID();
 }

@@ -1,6 +1,6 @@
 """
-The library loaded without shared_preload_libraries: CREATE EXTENSION and emit() work, and no
-relay worker starts (a second, throw-away cluster, so the main one keeps its worker).
+The library loaded without shared_preload_libraries: CREATE EXTENSION and emit() work (the
+session's first event warns that it will not be published), and no relay worker starts (a second, throw-away cluster, so the main one keeps its worker).
 """
 import dataclasses
 from pathlib import Path
@@ -22,6 +22,13 @@ def test_without_preload_emit_works_and_no_worker_starts(env):
         query(c, "CREATE EXTENSION outbox")
         eid = query_one(c, "SELECT outbox.emit('order', '1', 'order.created', '{\"a\": 1}')")[0]
         assert eid
+        # stored, and the first event of the session says it will not be published
+        warned = [n for n in c.notices if "not in shared_preload_libraries" in n]
+        assert len(warned) == 1 and warned[0].startswith("WARNING:"), c.notices
+        query(c, "SELECT outbox.emit('order', '1b', 'order.created', NULL)")
+        assert len([n for n in c.notices if "shared_preload_libraries" in n]) == 1, \
+            f"warned more than once per session: {c.notices}"
+        query(c, "DELETE FROM outbox.events WHERE aggregate_id = '1b'")
         assert query_one(c, "SELECT count(*) FROM outbox.events WHERE published_at IS NULL")[0] == 1
         # the settings exist (the library defines them when loaded on demand)
         assert query_one(c, "SHOW outbox.topic_prefix")[0] == "outbox.event."

@@ -13,9 +13,12 @@ outbox.capture() and the operations API end to end through Kafka.
 - replay(since) and replay(from_id, to_id): exactly one more copy of each kept event, same event
   ids, in id order; events deleted by retention are neither replayed nor counted.
 - purge(older_than): deletes published rows at once, never pending or failed ones.
+- pause() and resume() in two open transactions: the second waits for the first, and the one
+  that commits last wins (the relay ends paused or running accordingly).
 """
 import collections
 import io
+import threading
 import time
 
 from conftest import (create_topics, event_rows, message_problems, new_aggregate_type,
@@ -43,6 +46,7 @@ def test_capture_trigger_end_to_end(env, prefix, reader_factory):
     create_topics(env, [topic1, topic2, topic3])
     reader = reader_factory([topic1, topic2, topic3])
     conn = pg_connect(env)
+    query(conn, "SET TimeZone = 'UTC'")     # capture() renders rows in UTC: compare alike
     exp = []            # (aggregate_type, aggregate_id, event_type, topic column, payload)
 
     def expect(agg, key, table, op, before, after, topic=None):
@@ -76,6 +80,16 @@ def test_capture_trigger_end_to_end(env, prefix, reader_factory):
         before = _snap(conn, t1, "id = 1")
         query(conn, f"UPDATE public.{t1} SET total = 100.00, note = 'paid' WHERE id = 1")
         expect(agg1, "1", t1, "updated", before, _snap(conn, t1, "id = 1"))
+        # a writer with other output settings: the same rendering (timestamps in UTC, hex bytea)
+        odd = pg_connect(env)
+        try:
+            query(odd, "SET TimeZone = 'America/New_York'; SET DateStyle = 'German';"
+                       " SET bytea_output = 'escape'")
+            before = _snap(conn, t1, "id = 1")
+            query(odd, f"UPDATE public.{t1} SET note = 'odd session' WHERE id = 1")
+            expect(agg1, "1", t1, "updated", before, _snap(conn, t1, "id = 1"))
+        finally:
+            odd.close()
         before = _snap(conn, t1, "id = 2")
         query(conn, f"DELETE FROM public.{t1} WHERE id = 2")
         expect(agg1, "2", t1, "deleted", before, None)
@@ -109,6 +123,11 @@ def test_capture_trigger_end_to_end(env, prefix, reader_factory):
         before = _snap(conn, t2, "region = 'plain'")
         query(conn, f"DELETE FROM public.{t2} WHERE region = 'plain'")
         expect(agg2, "plain:1", t2, "deleted", before, None, topic2)
+        # a changed key: deleted under the old key, created under the new one
+        before = _snap(conn, t2, "region = 'c\\d'")
+        query(conn, f"UPDATE public.{t2} SET num = 4 WHERE region = 'c\\d'")
+        expect(agg2, "c\\\\d:3", t2, "deleted", before, None, topic2)
+        expect(agg2, "c\\\\d:4", t2, "created", None, _snap(conn, t2, "region = 'c\\d'"), topic2)
 
         # partitioned table: events name the root table
         query(conn, f"INSERT INTO public.{t3} VALUES (1, 'a', 1), (2, 'b', 1)")
@@ -268,6 +287,60 @@ def test_pause_survives_restart_and_resume_publishes_in_order(env, prefix, reade
 
 
 # --------------------------------------------------------------------------- replay
+
+def _pause_resume_race(env, first: str, second: str) -> dict:
+    """Session A runs outbox.<first>() and holds its transaction open; session B then runs
+    outbox.<second>() (it must wait for A); A commits, then B.  Returns what B's call waited for
+    and the relay row and state afterwards."""
+    a = pg_connect(env, autocommit=False)
+    b = pg_connect(env, autocommit=False)
+    done = threading.Event()
+    errors = []
+
+    def run_b():
+        try:
+            query(b, f"SELECT outbox.{second}()")
+            done.set()
+            time.sleep(0.3)
+            b.commit()
+        except Exception as e:          # noqa: BLE001  (reported by the caller)
+            errors.append(e)
+            done.set()
+    try:
+        query(a, f"SELECT outbox.{first}()")
+        t = threading.Thread(target=run_b)
+        t.start()
+        blocked = not done.wait(1.0)        # B waits for A's row lock
+        a.commit()
+        t.join(10)
+        assert not errors, errors
+        row = query_one(a, "SELECT paused FROM outbox.relay")
+        a.commit()
+        return dict(blocked=blocked, paused=row[0])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_concurrent_pause_and_resume_the_later_commit_wins(env):
+    conn = pg_connect(env)
+    try:
+        query(conn, "SELECT outbox.resume()")
+        wait_state(conn, ("idle", "publishing"), what="relay running before the race")
+        r1 = _pause_resume_race(env, "pause", "resume")
+        st1 = wait_state(conn, ("idle", "publishing"), what="relay running: resume committed last")
+        r2 = _pause_resume_race(env, "resume", "pause")
+        st2 = wait_state(conn, "paused", what="relay paused: pause committed last")
+        report(f"OUTBOX PAUSE/RESUME RACE: pause then resume -> paused={r1['paused']} (B waited for A:"
+               f" {r1['blocked']}), state {st1['state']}; resume then pause -> paused={r2['paused']}"
+               f" (B waited: {r2['blocked']}), state {st2['state']}")
+        assert r1 == dict(blocked=True, paused=False), r1
+        assert r2 == dict(blocked=True, paused=True), r2
+    finally:
+        query(conn, "SELECT outbox.resume()")
+        wait_state(conn, ("idle", "publishing"), what="relay resumed after the test")
+        conn.close()
+
 
 def _occurrence_order(msgs, row_id, occurrence):
     """Per partition, the n-th copies of events (offset order) must be in ascending id."""

@@ -181,5 +181,45 @@ INSERT INTO "We.ird"."My Table" VALUES (1);
 SELECT event_type, payload->>'table' AS "table" FROM outbox.events WHERE aggregate_type = 'weird';
 DROP SCHEMA "We.ird" CASCADE;
 
+-- keys and rows are rendered with fixed output settings, not the session's:
+-- one row keeps one key (hence one partition) whatever DateStyle, TimeZone,
+-- IntervalStyle, bytea_output or extra_float_digits the writer uses
+CREATE TABLE stamps (day date, at timestamptz, b bytea, f float8, iv interval, v text,
+                     PRIMARY KEY (day, at, b, f, iv));
+CREATE TRIGGER stamps_outbox AFTER INSERT OR UPDATE ON stamps
+    FOR EACH ROW EXECUTE FUNCTION outbox.capture('stamp', 'day,at,b,f,iv');
+SET TimeZone = 'UTC'; SET DateStyle = 'ISO'; SET bytea_output = 'hex';
+SET IntervalStyle = 'postgres'; SET extra_float_digits = 1;
+INSERT INTO stamps VALUES ('2026-03-04', '2026-03-04 10:00+00', '\x01', 0.1, '1 day 2 hours', 'v1');
+SET TimeZone = 'America/New_York'; SET DateStyle = 'German'; SET bytea_output = 'escape';
+SET IntervalStyle = 'sql_standard'; SET extra_float_digits = -3;
+UPDATE stamps SET v = 'v2';
+SET DateStyle = 'SQL'; SET IntervalStyle = 'iso_8601';
+UPDATE stamps SET v = 'v3';
+-- the session's settings are its own again after the trigger
+SHOW DateStyle;
+SHOW TimeZone;
+SHOW bytea_output;
+SELECT event_type, aggregate_id, payload->'after'->>'at' AS at, payload->'after'->>'b' AS b,
+       payload->'after'->>'iv' AS iv
+  FROM outbox.events WHERE aggregate_type = 'stamp' ORDER BY id;
+SELECT count(DISTINCT aggregate_id) AS distinct_keys FROM outbox.events WHERE aggregate_type = 'stamp';
+RESET TimeZone; RESET DateStyle; RESET bytea_output; RESET IntervalStyle;
+SET timezone = 'UTC';
+SET extra_float_digits = 0;
+DROP TABLE stamps;
+
+-- an UPDATE that changes the key ends the old key's history with a deleted
+-- event and starts the new key's with a created one
+CREATE TABLE rekey (id int PRIMARY KEY, v text);
+CREATE TRIGGER rekey_outbox AFTER INSERT OR UPDATE OR DELETE ON rekey
+    FOR EACH ROW EXECUTE FUNCTION outbox.capture('rekey', 'id');
+INSERT INTO rekey VALUES (1, 'a');
+UPDATE rekey SET id = 2;
+UPDATE rekey SET v = 'b';
+SELECT aggregate_id, event_type, payload->'before' AS before, payload->'after' AS after
+  FROM outbox.events WHERE aggregate_type = 'rekey' ORDER BY id;
+DROP TABLE rekey;
+
 DROP TABLE orders, lines, readings, bad;
 DROP EXTENSION outbox;

@@ -7,7 +7,9 @@ CREATE EXTENSION outbox;
 SELECT paused, paused_at IS NULL AS no_time, paused_by IS NULL AS no_role FROM outbox.relay;
 SELECT outbox.pause();
 SELECT paused, paused_at IS NOT NULL AS has_time, paused_by = session_user AS by_me FROM outbox.relay;
-SELECT outbox.pause();            -- pausing twice is harmless
+SELECT paused_at AS first_paused_at FROM outbox.relay \gset
+SELECT outbox.pause();            -- pausing twice is harmless, and keeps the first time
+SELECT paused, paused_at = :'first_paused_at' AS same_time FROM outbox.relay;
 SELECT outbox.resume();
 SELECT paused, paused_at IS NULL AS no_time, paused_by IS NULL AS no_role FROM outbox.relay;
 SELECT outbox.resume();
