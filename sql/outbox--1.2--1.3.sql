@@ -21,3 +21,9 @@ ALTER TABLE outbox.events SET (
     autovacuum_vacuum_threshold = 10000,
     autovacuum_vacuum_cost_delay = 0
 );
+
+/*
+ * The states outbox.worker_status() shows, with those added since 1.0.
+ */
+COMMENT ON FUNCTION outbox.worker_status() IS
+'One row per running relay worker, read from shared memory: database, pid, state (starting, waiting_for_database, waiting_for_extension, not_configured, config_error, idle, publishing, broker_down, paused, error), events published, events marked failed and failed delivery attempts since the worker started, time of the last acknowledged event, last error text and time, and when the worker started. No rows when the library is not in shared_preload_libraries.';

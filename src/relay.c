@@ -240,6 +240,7 @@ typedef struct Batch
 static void produce_row(OutboxProducer *producer, Batch *batch,
 						HeapTuple tuple, TupleDesc tupdesc);
 static bool wait_for_deliveries(OutboxProducer *producer);
+static void check_marked(uint64 changed, int expected, const char *command);
 static void mark_results(OutboxProducer *producer, BatchEntry *entries,
 						 int n, bool dead_letters, OutboxBatchResult *result);
 static int64 timestamptz_to_unix_ms(TimestampTz ts);
@@ -722,6 +723,29 @@ delivery_failed(const BatchEntry *e, const OutboxDelivery *d)
 }
 
 /*
+ * check_marked
+ *		ERROR unless the statement that recorded a batch's outcome changed
+ *		every row it was given.
+ *
+ * The rows are locked by this transaction since the claim, so only a
+ * trigger or rule on outbox.events can make the statement skip one.  Going
+ * on would leave the row pending and send it again at once, for ever and
+ * without a word in the log; the ERROR is logged and retried with backoff,
+ * and outbox.status shows it (state error, last_error).
+ */
+static void
+check_marked(uint64 changed, int expected, const char *command)
+{
+	if (changed != (uint64) expected)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox relay could not record the outcome of %d event(s): its %s changed %llu row(s)",
+						expected, command, (unsigned long long) changed),
+				 errdetail("Kafka has the events; they stay pending and are sent again when the relay retries."),
+				 errhint("Remove triggers and rules on outbox.events that skip or redirect the relay's UPDATE or DELETE.")));
+}
+
+/*
  * Apply the delivery reports to the table: acknowledged rows are marked
  * published (or deleted), failed rows get attempts + 1, last_error and a
  * backoff.  Rows without a report (aborted batch, held back, fatal error)
@@ -842,6 +866,8 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		if (ret < 0)
 			elog(ERROR, "could not mark events published: %s",
 				 SPI_result_code_string(ret));
+		check_marked(SPI_processed, npublished,
+					 outbox_retention == 0 ? "DELETE" : "UPDATE");
 	}
 
 	if (nfailed > 0)
@@ -872,6 +898,7 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		if (ret != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "could not record failed deliveries: %s",
 				 SPI_result_code_string(ret));
+		check_marked(SPI_processed, nfailed, "UPDATE");
 		for (uint64 k = 0; k < SPI_processed; k++)
 		{
 			bool		isnull;

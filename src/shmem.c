@@ -198,6 +198,8 @@ outbox_state_name(OutboxRelayState state)
 			return "broker_down";
 		case OUTBOX_STATE_PAUSED:
 			return "paused";
+		case OUTBOX_STATE_ERROR:
+			return "error";
 	}
 	return "unknown";
 }

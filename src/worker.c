@@ -376,7 +376,15 @@ recover_from_error(void)
 	MemoryContextSwitchTo(worker_context);
 	edata = CopyErrorData();
 	FlushErrorState();
-	outbox_shared_set_error(edata->message);
+
+	/*
+	 * Show the failure in outbox.status until a step succeeds again; a
+	 * broker outage stays broker_down (its own end is logged from there).
+	 */
+	if (state == OUTBOX_STATE_BROKER_DOWN)
+		outbox_shared_set_error(edata->message);
+	else
+		outbox_enter_state(OUTBOX_STATE_ERROR, edata->message);
 
 	/* what the failed step left in librdkafka is not ours any more */
 	if (producer != NULL)
