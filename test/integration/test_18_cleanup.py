@@ -46,6 +46,25 @@ def autovacuum_state(conn):
                            " WHERE relid = 'outbox.events'::regclass")
 
 
+def autovacuum_diagnostics(conn, cleaned_at) -> str:
+    stats = query_one(conn, "SELECT autovacuum_count, last_autovacuum, n_dead_tup, n_live_tup,"
+                            " autoanalyze_count, last_autoanalyze FROM pg_stat_user_tables"
+                            " WHERE relid = 'outbox.events'::regclass")
+    workers = query(conn, "SELECT pid, datname, state, now() - xact_start, left(query, 120)"
+                          " FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'")
+    locks = query(conn, "SELECT l.pid, l.mode, l.granted, a.backend_type FROM pg_locks l"
+                        " LEFT JOIN pg_stat_activity a USING (pid)"
+                        " WHERE l.relation = 'outbox.events'::regclass")
+    horizon = query(conn, "SELECT pid, backend_type, now() - xact_start, backend_xmin"
+                          " FROM pg_stat_activity WHERE backend_xmin IS NOT NULL")
+    settings = query(conn, "SELECT name, setting FROM pg_settings WHERE name IN"
+                           " ('autovacuum', 'autovacuum_naptime', 'autovacuum_max_workers')")
+    return (f"cleaned at {cleaned_at}; pg_stat_user_tables (autovacuum_count, last_autovacuum,"
+            f" n_dead_tup, n_live_tup, autoanalyze_count, last_autoanalyze) = {stats};"
+            f" autovacuum workers {workers}; locks on outbox.events {locks};"
+            f" transactions holding an xmin {horizon}; settings {settings}")
+
+
 def one_run(env, conn, agg_type, topic, run, in_kafka_before, retention_s):
     out = {}
     last, called = query_one(conn, "SELECT last_value, is_called FROM outbox.events_id_seq")
@@ -86,8 +105,12 @@ def one_run(env, conn, agg_type, topic, run, in_kafka_before, retention_s):
     cleaned = time.monotonic()
     cleaned_at = now_db(conn)
     # autovacuum (naptime lowered) must visit the table after the cleanup: its space is free then
-    wait_until(lambda: (lambda s: s[1] is not None and s[1] > cleaned_at)(autovacuum_state(conn)), 120,
-               f"run {run}: autovacuum of outbox.events after the cleanup", interval=1)
+    try:
+        wait_until(lambda: (lambda s: s[1] is not None and s[1] > cleaned_at)(autovacuum_state(conn)),
+                   240, f"run {run}: autovacuum of outbox.events after the cleanup", interval=1)
+    except AssertionError as e:
+        # once in CI no autovacuum came within 120 s: say what autovacuum and the locks were doing
+        raise AssertionError(f"{e}\n  {autovacuum_diagnostics(conn, cleaned_at)}") from None
     vacuumed = time.monotonic()
     out["after retention + cleanup"] = table_sizes(conn)
     report(f"OUTBOX CLEANUP run {run}: emitted {N_EVENTS} in {N_TXNS} transactions in {emit_s:.1f}s"
