@@ -194,13 +194,21 @@ def test_fast_shutdown_with_broker_down_and_with_backlog(env, prefix):
             kafka_sh(env, "start", timeout=180)
         wait_relay_ready(env, timeout=60)
 
-        # (b) a large backlog is draining
+        # (b) a large backlog is draining.  The relay is paused while it is written: it drains
+        # about as fast as 4 transactions write, so otherwise "a large backlog" may never exist
+        # (once in CI the relay kept up and the state below was never seen in 120 s)
+        ctl = pg_connect(env)
+        query(ctl, "SELECT outbox.pause()")
         conn = pg_connect(env, autocommit=False)
         t0 = time.monotonic()
         bulk = {}
         per_tx = BULK_EVENTS // BULK_TRANSACTIONS
-        for i in range(BULK_TRANSACTIONS):
-            bulk.update(bulk_emit(conn, agg_type, i * per_tx + 1, (i + 1) * per_tx, "bulk-"))
+        try:
+            for i in range(BULK_TRANSACTIONS):
+                bulk.update(bulk_emit(conn, agg_type, i * per_tx + 1, (i + 1) * per_tx, "bulk-"))
+        finally:
+            query(ctl, "SELECT outbox.resume()")
+            ctl.close()
         insert_s = time.monotonic() - t0
         conn.close()
         assert len(bulk) == BULK_EVENTS
