@@ -73,8 +73,10 @@ static char *trigger_context(TriggerData *trigdata);
 static void build_event(OutboxEvent *event, TriggerData *trigdata, Oid root,
 						const char *op, HeapTuple before, HeapTuple after,
 						text *aggregate_id, const char *context);
-static text *aggregate_id_of(TriggerData *trigdata, HeapTuple tuple,
-							 const char *key_columns, const char *context);
+static List *key_attnums(TupleDesc tupdesc, const char *key_columns,
+						 const char *context);
+static text *aggregate_id_of(HeapTuple tuple, TupleDesc tupdesc, List *attnums,
+							 const char *context);
 static void append_row_json(StringInfo buf, HeapTuple tuple, TupleDesc tupdesc);
 
 /*
@@ -102,6 +104,8 @@ outbox_capture(PG_FUNCTION_ARGS)
 	Oid			root;
 	HeapTuple	before = NULL;
 	HeapTuple	after = NULL;
+	TupleDesc	tupdesc;
+	List	   *attnums;
 	text	   *old_key = NULL;
 	text	   *new_key = NULL;
 	OutboxEvent events[2];
@@ -118,6 +122,7 @@ outbox_capture(PG_FUNCTION_ARGS)
 
 	trigger = trigdata->tg_trigger;
 	rel = trigdata->tg_relation;
+	tupdesc = RelationGetDescr(rel);
 	context = trigger_context(trigdata);
 
 	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
@@ -143,12 +148,16 @@ outbox_capture(PG_FUNCTION_ARGS)
 				 errmsg("%sthe topic (argument 3) must not be empty", context),
 				 errhint("Leave the argument out to route events by aggregate type.")));
 
-	if (!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-		before = trigdata->tg_trigtuple;
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 		after = trigdata->tg_trigtuple;
-	else if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
-		after = trigdata->tg_newtuple;
+	else
+	{
+		before = trigdata->tg_trigtuple;
+		if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+			after = trigdata->tg_newtuple;
+	}
+	/* parsed once per row, also when an UPDATE renders two keys */
+	attnums = key_attnums(tupdesc, trigger->tgargs[1], context);
 
 	/* a partition reports as the partitioned table it belongs to */
 	root = RelationGetRelid(rel);
@@ -184,9 +193,9 @@ outbox_capture(PG_FUNCTION_ARGS)
 	}
 
 	if (before)
-		old_key = aggregate_id_of(trigdata, before, trigger->tgargs[1], context);
+		old_key = aggregate_id_of(before, tupdesc, attnums, context);
 	if (after)
-		new_key = aggregate_id_of(trigdata, after, trigger->tgargs[1], context);
+		new_key = aggregate_id_of(after, tupdesc, attnums, context);
 
 	/* keys are compared byte for byte: a Kafka key is bytes */
 	if (before && after &&
@@ -295,75 +304,87 @@ append_escaped(StringInfo buf, const char *value)
 }
 
 /*
- * The aggregate id: the text form of the key column(s) of tuple.
+ * key_attnums
+ *		The attribute numbers of the key columns listed in key_columns
+ *		(trigger argument 2: names separated by commas, blanks around them
+ *		ignored), in list order.
+ *
+ * Raises 42P17 for an empty list, an empty item or a column listed twice,
+ * 42703 for a column the table does not have; messages start with context.
  */
-static text *
-aggregate_id_of(TriggerData *trigdata, HeapTuple tuple, const char *key_columns,
-				const char *context)
+static List *
+key_attnums(TupleDesc tupdesc, const char *key_columns, const char *context)
 {
-	TupleDesc	tupdesc = RelationGetDescr(trigdata->tg_relation);
 	char	   *copy = pstrdup(key_columns);
 	char	   *saveptr = NULL;
 	char	   *name;
-	List	   *names = NIL;
-	StringInfoData id;
-	ListCell   *lc;
+	List	   *attnums = NIL;
+	int			commas = 0;
+	const char *c;
 
 	for (name = strtok_r(copy, ",", &saveptr); name != NULL;
 		 name = strtok_r(NULL, ",", &saveptr))
 	{
+		int			attnum;
+
 		while (*name == ' ')
 			name++;
 		while (*name && name[strlen(name) - 1] == ' ')
 			name[strlen(name) - 1] = '\0';
 		if (*name == '\0')
 			continue;
-		foreach(lc, names)
-		{
-			if (strcmp((char *) lfirst(lc), name) == 0)
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
-						 errmsg("%skey column \"%s\" is listed twice", context, name)));
-		}
-		names = lappend(names, name);
+		attnum = SPI_fnumber(tupdesc, name);
+		if (attnum == SPI_ERROR_NOATTRIBUTE || attnum <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_COLUMN),
+					 errmsg("%skey column \"%s\" does not exist", context, name),
+					 errhint("The second argument of outbox.capture() lists the key columns, separated by commas.")));
+		if (list_member_int(attnums, attnum))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+					 errmsg("%skey column \"%s\" is listed twice", context, name)));
+		attnums = lappend_int(attnums, attnum);
 	}
-	if (names == NIL)
+	if (attnums == NIL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
 				 errmsg("%sthe key columns (argument 2) must name at least one column", context)));
 	/* strtok_r passes over empty items ("id,,b"): count the commas */
-	{
-		int			commas = 0;
-		const char *c;
+	for (c = key_columns; *c; c++)
+		commas += (*c == ',');
+	if (list_length(attnums) != commas + 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("%sthe key columns (argument 2) contain an empty item", context),
+				 errhint("List the key columns separated by single commas, e.g. 'order_id,line'.")));
+	return attnums;
+}
 
-		for (c = key_columns; *c; c++)
-			commas += (*c == ',');
-		if (list_length(names) != commas + 1)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
-					 errmsg("%sthe key columns (argument 2) contain an empty item", context),
-					 errhint("List the key columns separated by single commas, e.g. 'order_id,line'.")));
-	}
+/*
+ * aggregate_id_of
+ *		The aggregate id: the text form of the key columns (attnums, from
+ *		key_attnums()) of tuple.  Raises 22004 if one is NULL.
+ */
+static text *
+aggregate_id_of(HeapTuple tuple, TupleDesc tupdesc, List *attnums,
+				const char *context)
+{
+	StringInfoData id;
+	ListCell   *lc;
 
 	initStringInfo(&id);
-	foreach(lc, names)
+	foreach(lc, attnums)
 	{
-		char	   *column = (char *) lfirst(lc);
-		int			attnum = SPI_fnumber(tupdesc, column);
-		char	   *value;
+		int			attnum = lfirst_int(lc);
+		char	   *value = SPI_getvalue(tuple, tupdesc, attnum);
 
-		if (attnum == SPI_ERROR_NOATTRIBUTE || attnum <= 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_COLUMN),
-					 errmsg("%skey column \"%s\" does not exist", context, column),
-					 errhint("The second argument of outbox.capture() lists the key columns, separated by commas.")));
-		value = SPI_getvalue(tuple, tupdesc, attnum);
 		if (value == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("%skey column \"%s\" is null", context, column),
+					 errmsg("%skey column \"%s\" is null", context,
+							NameStr(TupleDescAttr(tupdesc, attnum - 1)->attname)),
 					 errdetail("The key columns make the event's aggregate id, which cannot be null.")));
-		if (list_length(names) == 1)
+		if (list_length(attnums) == 1)
 			return cstring_to_text(value);
 		if (foreach_current_index(lc) > 0)
 			appendStringInfoChar(&id, ':');
