@@ -70,9 +70,10 @@ static const char *const render_settings[][2] = {
 
 static bool timezone_is_utc(void);
 static char *trigger_context(TriggerData *trigdata);
+static int	set_render_settings(void);
 static void build_event(OutboxEvent *event, TriggerData *trigdata, Oid root,
 						const char *op, HeapTuple before, HeapTuple after,
-						text *aggregate_id, const char *context);
+						text *aggregate_id);
 static List *key_attnums(TupleDesc tupdesc, const char *key_columns,
 						 const char *context);
 static text *aggregate_id_of(HeapTuple tuple, TupleDesc tupdesc, List *attnums,
@@ -106,6 +107,8 @@ outbox_capture(PG_FUNCTION_ARGS)
 	HeapTuple	after = NULL;
 	TupleDesc	tupdesc;
 	List	   *attnums;
+	text	   *aggregate_type;
+	text	   *topic;
 	text	   *old_key = NULL;
 	text	   *new_key = NULL;
 	OutboxEvent events[2];
@@ -158,6 +161,9 @@ outbox_capture(PG_FUNCTION_ARGS)
 	}
 	/* parsed once per row, also when an UPDATE renders two keys */
 	attnums = key_attnums(tupdesc, trigger->tgargs[1], context);
+	aggregate_type = cstring_to_text(trigger->tgargs[0]);
+	topic = trigger->tgnargs == 3 ? cstring_to_text(trigger->tgargs[2]) : NULL;
+	outbox_validate_topic(topic, aggregate_type, context);
 
 	/* a partition reports as the partitioned table it belongs to */
 	root = RelationGetRelid(rel);
@@ -177,20 +183,7 @@ outbox_capture(PG_FUNCTION_ARGS)
 	SetUserIdAndSecContext(rel->rd_rel->relowner,
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
-	save_nestlevel = NewGUCNestLevel();
-	for (i = 0; i < lengthof(render_settings); i++)
-	{
-		const char *current = GetConfigOption(render_settings[i][0], false, false);
-
-		/* setting a GUC costs a little (TimeZone, lc_monetary): only if needed */
-		if (current != NULL && strcmp(current, render_settings[i][1]) == 0)
-			continue;
-		if (i == RENDER_TIMEZONE && timezone_is_utc())
-			continue;
-		(void) set_config_option(render_settings[i][0], render_settings[i][1],
-								 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-								 true, 0, false);
-	}
+	save_nestlevel = set_render_settings();
 
 	if (before)
 		old_key = aggregate_id_of(before, tupdesc, attnums, context);
@@ -204,51 +197,75 @@ outbox_capture(PG_FUNCTION_ARGS)
 				VARSIZE_ANY_EXHDR(old_key)) != 0))
 	{
 		/* the key changed: end the old key's history, start the new one's */
-		build_event(&events[0], trigdata, root, "deleted", before, NULL, old_key, context);
-		build_event(&events[1], trigdata, root, "created", NULL, after, new_key, context);
+		build_event(&events[0], trigdata, root, "deleted", before, NULL, old_key);
+		build_event(&events[1], trigdata, root, "created", NULL, after, new_key);
 		nevents = 2;
 	}
-	else if (before && after)
-		build_event(&events[0], trigdata, root, "updated", before, after, new_key, context);
-	else if (after)
-		build_event(&events[0], trigdata, root, "created", NULL, after, new_key, context);
 	else
-		build_event(&events[0], trigdata, root, "deleted", before, NULL, old_key, context);
+		build_event(&events[0], trigdata, root,
+					before && after ? "updated" : after ? "created" : "deleted",
+					before, after, after ? new_key : old_key);
 
 	AtEOXact_GUC(true, save_nestlevel);
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 
 	/* inserted as the extension's owner: the table's owner needs no grant */
 	for (i = 0; i < nevents; i++)
+	{
+		events[i].aggregate_type = aggregate_type;
+		events[i].topic = topic;
 		outbox_insert_event(&events[i], context);
+	}
 
 	return PointerGetDatum(NULL);
 }
 
 /*
+ * set_render_settings
+ *		Set render_settings at a new GUC nest level and return it, for
+ *		AtEOXact_GUC() to undo.  Only settings that differ are set: setting
+ *		one costs a little (TimeZone, lc_monetary), and this runs per row.
+ */
+static int
+set_render_settings(void)
+{
+	int			nestlevel = NewGUCNestLevel();
+	int			i;
+
+	for (i = 0; i < lengthof(render_settings); i++)
+	{
+		const char *current = GetConfigOption(render_settings[i][0], false, false);
+
+		if (current != NULL && strcmp(current, render_settings[i][1]) == 0)
+			continue;
+		if (i == RENDER_TIMEZONE && timezone_is_utc())
+			continue;
+		(void) set_config_option(render_settings[i][0], render_settings[i][1],
+								 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+								 true, 0, false);
+	}
+	return nestlevel;
+}
+
+/*
  * build_event
- *		Fill *event with one event of a captured row change.
+ *		Fill *event's key, type and payload for one event of a captured row
+ *		change (the caller sets aggregate_type and topic).
  *
  * op is "created", "updated" or "deleted"; before/after are the old and new
  * row or NULL; aggregate_id is the rendered key.  Called with the table
- * owner's user id and the fixed output settings in place.  Raises what
- * outbox_validate_topic() raises (22023, 42501).
+ * owner's user id and the fixed output settings in place.
  */
 static void
 build_event(OutboxEvent *event, TriggerData *trigdata, Oid root, const char *op,
-			HeapTuple before, HeapTuple after, text *aggregate_id,
-			const char *context)
+			HeapTuple before, HeapTuple after, text *aggregate_id)
 {
-	Trigger    *trigger = trigdata->tg_trigger;
 	TupleDesc	tupdesc = RelationGetDescr(trigdata->tg_relation);
 	StringInfoData payload;
 
-	event->aggregate_type = cstring_to_text(trigger->tgargs[0]);
 	event->aggregate_id = aggregate_id;
 	event->event_type = cstring_to_text(psprintf("%s.%s", get_rel_name(root), op));
 	event->headers = NULL;
-	event->topic = trigger->tgnargs == 3 ? cstring_to_text(trigger->tgargs[2]) : NULL;
-	outbox_validate_topic(event->topic, event->aggregate_type, context);
 
 	initStringInfo(&payload);
 	appendStringInfoString(&payload, "{\"op\": ");
