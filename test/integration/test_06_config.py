@@ -157,6 +157,10 @@ def test_bootstrap_servers_change_applies_without_restart(env, conn, prefix, rea
     watcher = LogWatcher(env)
     try:
         set_conf(conn, bootstrap_servers="127.0.0.1:1")      # nothing listens there
+        # pg_reload_conf() only signals: wait until the relay has dropped its producer, or the
+        # first events may still go out through the old one (CI once saw 9 of 10 pending)
+        wait_until(lambda: any("Kafka settings changed, reconnecting" in l
+                               for l in watcher.new_lines()), 20, "the relay to apply the reload")
         emitted = emit_round_robin(conn, agg_type, 2, 5, "moved")
         conn.autocommit = True
         wait_until(lambda: state(conn) == "broker_down", 30, "state broker_down")
