@@ -17,7 +17,10 @@
 
 #include "miscadmin.h"
 #include "lib/stringinfo.h"
+#include "nodes/parsenodes.h"
+#include "pgstat.h"
 #include "tcop/tcopprot.h"
+#include "tcop/utility.h"
 #include "utils/elog.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -68,8 +71,13 @@ static bool check_allowed_topics(char **newval, void **extra,
 								 GucSource source);
 static void assign_allowed_topics(const char *newval, void *extra);
 static void outbox_emit_log_hook(ErrorData *edata);
+static void outbox_process_utility(PlannedStmt *pstmt, const char *queryString,
+								   bool readOnlyTree, ProcessUtilityContext context,
+								   ParamListInfo params, QueryEnvironment *queryEnv,
+								   DestReceiver *dest, QueryCompletion *qc);
 
 static emit_log_hook_type prev_emit_log_hook = NULL;
+static ProcessUtility_hook_type prev_process_utility = NULL;
 
 /*
  * outbox_define_gucs
@@ -211,6 +219,10 @@ outbox_define_gucs(void)
 	/* keep secrets of outbox.kafka_properties out of the server log */
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = outbox_emit_log_hook;
+
+	/* ... and out of pg_stat_activity and pg_stat_statements */
+	prev_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = outbox_process_utility;
 }
 
 /*
@@ -245,8 +257,39 @@ check_topic_prefix(char **newval, void **extra, GucSource source)
  * A list of host:port items separated by commas, or empty.  An empty item
  * (",,", a trailing comma) is refused: librdkafka would ignore it, and a
  * list of nothing but commas would leave the relay with no broker while
- * looking configured.  What the items name is librdkafka's business.
+ * looking configured.  A port, when given, must be a number from 1 to
+ * 65535 (librdkafka would read "kafka:notaport" as port 0 and only fail
+ * to connect).  Which hosts the items name is librdkafka's business.
  */
+static bool
+bootstrap_port_is_valid(const char *item, size_t len)
+{
+	size_t		end = len;
+	size_t		colon;
+	size_t		i;
+	long		port = 0;
+
+	while (end > 0 && isspace((unsigned char) item[end - 1]))
+		end--;
+	/* the last ':' after any "scheme://" and any "[IPv6]" */
+	for (colon = end; colon > 0 && item[colon - 1] != ':' && item[colon - 1] != ']' &&
+		 item[colon - 1] != '/'; colon--)
+		;
+	if (colon == 0 || item[colon - 1] != ':')
+		return true;			/* no port: librdkafka's default 9092 */
+	if (colon == end)
+		return false;
+	for (i = colon; i < end; i++)
+	{
+		if (!isdigit((unsigned char) item[i]))
+			return false;
+		port = port * 10 + (item[i] - '0');
+		if (port > 65535)
+			return false;
+	}
+	return port >= 1;
+}
+
 static bool
 check_bootstrap_servers(char **newval, void **extra, GucSource source)
 {
@@ -264,6 +307,12 @@ check_bootstrap_servers(char **newval, void **extra, GucSource source)
 		if (blank == len)
 		{
 			GUC_check_errdetail("The list has an empty item; give host:port items separated by commas.");
+			return false;
+		}
+		if (!bootstrap_port_is_valid(item, len))
+		{
+			GUC_check_errdetail("\"%.*s\" has no valid port; give host:port with a port from 1 to 65535.",
+								(int) len, item);
 			return false;
 		}
 		if (item[len] == '\0')
@@ -297,7 +346,9 @@ kafka_property_is_secret(const char *key)
 		strstr(key, "sasl.oauthbearer.config") != NULL ||
 		strstr(key, "ssl.key.pem") != NULL ||
 		strstr(key, "ssl.keystore") != NULL ||
-		strstr(key, "sasl.username") != NULL;
+		strstr(key, "sasl.username") != NULL ||
+	/* an endpoint URL may carry user:password@ */
+		strstr(key, "url") != NULL;
 }
 
 /*
@@ -488,30 +539,40 @@ assign_kafka_properties(const char *newval, void *extra)
 }
 
 /*
- * Every entry must be a legal topic name, or a prefix followed by '*'.
+ * Every entry must be a legal topic name, or a prefix followed by '*'.  An
+ * empty item (",,", a trailing comma) is refused like in
+ * outbox.bootstrap_servers: it is a typo more often than not, and a list of
+ * nothing but commas would allow every topic while looking restrictive.
  * The parsed list becomes the GUC's extra, kept by the GUC machinery.
  */
 static bool
 check_allowed_topics(char **newval, void **extra, GucSource source)
 {
 	char	   *copy = pstrdup(*newval);
-	char	   *item;
-	char	   *saveptr = NULL;
+	char	   *next = copy;
 	size_t		len = strlen(*newval) + 2;
 	char	   *list = malloc(len);	/* the GUC machinery free()s extras */
 	char	   *out = list;
 
 	if (list == NULL)
 		return false;
-	for (item = strtok_r(copy, ",", &saveptr); item != NULL;
-		 item = strtok_r(NULL, ",", &saveptr))
+	while (*copy != '\0' && next != NULL)
 	{
+		char	   *item = next;
+		char	   *comma = strchr(item, ',');
 		size_t		n;
 
+		next = comma ? comma + 1 : NULL;
+		if (comma)
+			*comma = '\0';
 		item = trim_whitespace(item);
 		n = strlen(item);
 		if (n == 0)
-			continue;
+		{
+			GUC_check_errdetail("The list has an empty item; give topic names or prefixes followed by * separated by commas, or an empty string to allow every topic.");
+			free(list);
+			return false;
+		}
 		if (item[n - 1] == '*' ?
 			strspn(item, TOPIC_CHARACTERS) != n - 1 || n - 1 >= OUTBOX_TOPIC_MAX_LEN :
 			!outbox_topic_is_legal(item, n))
@@ -522,13 +583,6 @@ check_allowed_topics(char **newval, void **extra, GucSource source)
 		}
 		memcpy(out, item, n + 1);
 		out += n + 1;
-	}
-	/* "," alone would silently allow every topic, like the empty string */
-	if (out == list && strchr(*newval, ',') != NULL)
-	{
-		GUC_check_errdetail("The list names no topic; set it to an empty string to allow every topic.");
-		free(list);
-		return false;
 	}
 	*out = '\0';
 	*extra = list;
@@ -616,4 +670,66 @@ outbox_emit_log_hook(ErrorData *edata)
 		edata->context = pstrdup("(a statement mentioning outbox.kafka_properties, not logged)");
 	if (edata->internalquery != NULL && mentions_kafka_properties(edata->internalquery))
 		edata->internalquery = NULL;
+}
+
+/*
+ * The text of the statement pstmt came from, with that statement replaced
+ * by a line that names the parameter and no value, padded with blanks to
+ * the same length: hooks called after this one find the statement at the
+ * location and length the parser gave (pg_stat_statements cuts it out by
+ * them, and trims the blanks).
+ */
+static char *
+masked_statement(const char *queryString, const PlannedStmt *pstmt)
+{
+	static const char replacement[] =
+		"ALTER SYSTEM SET outbox.kafka_properties = '(not shown)'";
+	size_t		len = strlen(queryString);
+	size_t		start = pstmt->stmt_location >= 0 ? pstmt->stmt_location : 0;
+	size_t		end = pstmt->stmt_location >= 0 && pstmt->stmt_len > 0 ?
+		start + pstmt->stmt_len : len;
+	char	   *masked = pstrdup(queryString);
+
+	if (start > len)
+		start = len;
+	if (end > len || pstmt->stmt_location < 0)
+		end = len;
+	memset(masked + start, ' ', end - start);
+	memcpy(masked + start, replacement, Min(end - start, sizeof(replacement) - 1));
+	return masked;
+}
+
+/*
+ * ProcessUtility_hook: ALTER SYSTEM SET outbox.kafka_properties carries the
+ * value, which may hold passwords, in its text.  PostgreSQL would show that
+ * text in pg_stat_activity (to pg_read_all_stats members, and for an idle
+ * session until its next statement) and pg_stat_statements would keep it
+ * for its readers.  Here the statement's text is replaced before either
+ * sees it: pg_stat_activity's query always, and pg_stat_statements' copy
+ * when this hook runs before that module's, i.e. when outbox comes after
+ * pg_stat_statements in shared_preload_libraries (hooks run in the reverse
+ * order of loading).  The statement itself runs from its parse tree.
+ */
+static void
+outbox_process_utility(PlannedStmt *pstmt, const char *queryString,
+					   bool readOnlyTree, ProcessUtilityContext context,
+					   ParamListInfo params, QueryEnvironment *queryEnv,
+					   DestReceiver *dest, QueryCompletion *qc)
+{
+	Node	   *stmt = pstmt->utilityStmt;
+
+	if (IsA(stmt, AlterSystemStmt) &&
+		((AlterSystemStmt *) stmt)->setstmt->kind == VAR_SET_VALUE &&
+		mentions_kafka_properties(((AlterSystemStmt *) stmt)->setstmt->name))
+	{
+		queryString = masked_statement(queryString, pstmt);
+		pgstat_report_activity(STATE_RUNNING, queryString);
+	}
+
+	if (prev_process_utility)
+		prev_process_utility(pstmt, queryString, readOnlyTree, context,
+							 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
 }

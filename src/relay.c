@@ -36,6 +36,7 @@
 #include "storage/latch.h"
 #include "storage/lmgr.h"
 #include "storage/itemptr.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
@@ -227,6 +228,7 @@ static SPIPlanPtr prepare_plan(SPIPlanPtr *cache, const char *sql,
 static Oid	lock_events_table(void);
 static ClaimVariant claim_variant(Oid relid);
 static bool relay_is_paused(Oid events_relid);
+static void check_can_delete(Oid events_relid);
 /* the batch being produced */
 typedef struct Batch
 {
@@ -310,6 +312,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 		return;
 	}
 
+	check_can_delete(relid);
 	variant = claim_variant(relid);
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
 	portal = SPI_cursor_open(NULL,
@@ -404,6 +407,27 @@ relay_is_paused(Oid events_relid)
 		return false;
 	paused = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	return !isnull && DatumGetBool(paused);
+}
+
+/*
+ * With outbox.retention = 0 an acknowledged event is deleted, not marked.
+ * A role without DELETE would have every batch sent, then fail to delete
+ * it, and send it again after the backoff, over and over: refuse before
+ * anything is sent.  (UPDATE needs no such check: the claim's FOR UPDATE
+ * fails on its own before a message is produced.)
+ */
+static void
+check_can_delete(Oid events_relid)
+{
+	if (outbox_retention != 0 ||
+		pg_class_aclcheck(events_relid, GetUserId(), ACL_DELETE) == ACLCHECK_OK)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied for table events"),
+			 errdetail("With outbox.retention = 0 the relay deletes each event once Kafka acknowledged it, so its role \"%s\" needs DELETE on outbox.events. Nothing was sent.",
+					   GetUserNameFromId(GetUserId(), false)),
+			 errhint("GRANT DELETE ON outbox.events to the relay's role, or set outbox.retention to a positive interval or -1.")));
 }
 
 /*

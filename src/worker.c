@@ -45,8 +45,9 @@
 /* seconds the postmaster waits before restarting a worker that exited */
 #define WORKER_RESTART_SECONDS	5
 
-/* how often expired published rows are deleted */
+/* how often expired published rows are deleted, and retried after a failure */
 #define CLEANUP_INTERVAL_MS		1000
+#define CLEANUP_RETRY_MS		60000
 
 /* while Kafka seems down and nothing is pending: how often to ask it */
 #define PROBE_INTERVAL_MS		5000
@@ -64,6 +65,9 @@ static MemoryContext worker_context = NULL;
 /* backoff after errors; static so that it survives the longjmp */
 static int	error_backoff_ms = 0;
 
+/* the last retention cleanup failed (logged once until it works again) */
+static bool cleanup_failing = false;
+
 static void connect_to_database(void);
 static void wait_for_database(void) pg_attribute_noreturn();
 static void relay_loop(void) pg_attribute_noreturn();
@@ -72,6 +76,8 @@ static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
 static void recover_from_error(void);
+static void delete_expired_events(void);
+static const char *connection_obstacle(void);
 static void wait_out(long ms, bool control_ends_it, uint32 control_seq);
 
 /*
@@ -213,29 +219,34 @@ shared_catalog_row(Oid relid, Oid name_index, AttrNumber name_attnum,
 }
 
 /*
- * True if the database exists and accepts connections (datallowconn; it is
- * off e.g. while a restore loads it).
+ * What keeps the relay from connecting to outbox.database as outbox.role,
+ * in words for the log and outbox.status, or NULL if nothing does.  The
+ * database must exist and accept connections (datallowconn is off e.g.
+ * while a restore loads it); the role must exist and have LOGIN, which a
+ * background worker's connection needs as much as a client's.  Call in a
+ * transaction.
  */
-static bool
-database_accepts_connections(const char *name)
+static const char *
+connection_obstacle(void)
 {
-	HeapTuple	tuple = shared_catalog_row(DatabaseRelationId, DatabaseNameIndexId,
-										   Anum_pg_database_datname, name);
+	HeapTuple	tuple;
 
-	return tuple != NULL && ((Form_pg_database) GETSTRUCT(tuple))->datallowconn;
-}
+	tuple = shared_catalog_row(DatabaseRelationId, DatabaseNameIndexId,
+							   Anum_pg_database_datname, outbox_database);
+	if (tuple == NULL)
+		return psprintf("database \"%s\" does not exist", outbox_database);
+	if (!((Form_pg_database) GETSTRUCT(tuple))->datallowconn)
+		return psprintf("database \"%s\" does not accept connections", outbox_database);
+	if (outbox_role[0] == '\0')
+		return NULL;
 
-/*
- * True if the role exists and has LOGIN, which a background worker's
- * connection needs as much as a client's.
- */
-static bool
-role_can_log_in(const char *name)
-{
-	HeapTuple	tuple = shared_catalog_row(AuthIdRelationId, AuthIdRolnameIndexId,
-										   Anum_pg_authid_rolname, name);
-
-	return tuple != NULL && ((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin;
+	tuple = shared_catalog_row(AuthIdRelationId, AuthIdRolnameIndexId,
+							   Anum_pg_authid_rolname, outbox_role);
+	if (tuple == NULL)
+		return psprintf("role \"%s\" (outbox.role) does not exist", outbox_role);
+	if (!((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin)
+		return psprintf("role \"%s\" (outbox.role) is not permitted to log in", outbox_role);
+	return NULL;
 }
 
 /*
@@ -248,7 +259,7 @@ role_can_log_in(const char *name)
 static void
 wait_for_database(void)
 {
-	bool		logged = false;
+	char	   *logged = NULL;
 
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 	outbox_shared_register_worker();
@@ -256,34 +267,42 @@ wait_for_database(void)
 
 	for (;;)
 	{
-		bool		exists;
+		const char *obstacle;
 
 		CHECK_FOR_INTERRUPTS();
 		StartTransactionCommand();
-		exists = database_accepts_connections(outbox_database) &&
-			(outbox_role[0] == '\0' || role_can_log_in(outbox_role));
+		obstacle = connection_obstacle();
+		if (obstacle != NULL)
+			obstacle = MemoryContextStrdup(TopMemoryContext, obstacle);
 		CommitTransactionCommand();
 
-		if (exists)
+		if (obstacle == NULL)
 		{
 			SpinLockAcquire(&outbox_shared->mutex);
 			outbox_shared->database_missing = false;
 			SpinLockRelease(&outbox_shared->mutex);
 			ereport(LOG,
-					(errmsg("outbox relay found database \"%s\", restarting to connect to it",
+					(errmsg("outbox relay can connect to database \"%s\" now, restarting to connect to it",
 							outbox_database)));
 			proc_exit(1);
 		}
-		if (!logged)
+
+		/* log each new obstacle once; the status always shows the current one */
+		outbox_shared_set_error(obstacle);
+		if (logged == NULL || strcmp(logged, obstacle) != 0)
 		{
 			ereport(LOG,
-					(errmsg("outbox relay is waiting for database \"%s\" to exist and accept connections",
-							outbox_database),
-					 outbox_role[0] != '\0' ?
-					 errdetail("It connects as role \"%s\", which must exist and have LOGIN.", outbox_role) : 0,
-					 errhint("Create them, or change outbox.database or outbox.role and restart the server.")));
-			logged = true;
+					(errmsg("outbox relay is waiting: %s", obstacle),
+					 errdetail("It connects to database \"%s\"%s%s%s.", outbox_database,
+							   outbox_role[0] != '\0' ? " as role \"" : "",
+							   outbox_role, outbox_role[0] != '\0' ? "\"" : ""),
+					 errhint("Create the database, or the role with LOGIN, or change outbox.database or outbox.role and restart the server.")));
+			if (logged != NULL)
+				pfree(logged);
+			logged = (char *) obstacle;
 		}
+		else
+			pfree((char *) obstacle);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 Max(outbox_poll_interval, 1000), PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
@@ -380,11 +399,13 @@ recover_from_error(void)
 	/*
 	 * Show the failure in outbox.status until a step succeeds again; a
 	 * broker outage stays broker_down (its own end is logged from there).
+	 * The error is recorded every time, not only when the state changes:
+	 * while one problem is fixed another may show up, and the status must
+	 * name the one that stops the relay now.
 	 */
-	if (state == OUTBOX_STATE_BROKER_DOWN)
-		outbox_shared_set_error(edata->message);
-	else
-		outbox_enter_state(OUTBOX_STATE_ERROR, edata->message);
+	outbox_shared_set_error(edata->message);
+	if (state != OUTBOX_STATE_BROKER_DOWN)
+		outbox_enter_state(OUTBOX_STATE_ERROR, NULL);
 
 	/* what the failed step left in librdkafka is not ours any more */
 	if (producer != NULL)
@@ -441,10 +462,11 @@ relay_step(void)
 	TimestampTz now = GetCurrentTimestamp();
 
 	/* retention works whatever the state of Kafka */
-	if (TimestampDifferenceExceeds(last_cleanup, now, CLEANUP_INTERVAL_MS))
+	if (TimestampDifferenceExceeds(last_cleanup, now,
+								   cleanup_failing ? CLEANUP_RETRY_MS : CLEANUP_INTERVAL_MS))
 	{
-		outbox_relay_cleanup();
 		last_cleanup = now;
+		delete_expired_events();
 	}
 
 	if (outbox_bootstrap_servers == NULL || outbox_bootstrap_servers[0] == '\0')
@@ -554,6 +576,50 @@ relay_step(void)
 		!result.aborted)
 		return 0;
 	return outbox_poll_interval;
+}
+
+/*
+ * Delete the published events retention no longer keeps.  Its failure (the
+ * relay's role may lack DELETE, say) must not stop publishing, which does
+ * not need it: it is logged once as a WARNING, shown as the status' last
+ * error, and retried every CLEANUP_RETRY_MS until it works again.
+ */
+static void
+delete_expired_events(void)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		(void) outbox_relay_cleanup();
+		if (cleanup_failing)
+			ereport(LOG,
+					(errmsg("outbox relay deletes published events again")));
+		cleanup_failing = false;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		MemoryContextSwitchTo(cxt);
+		pgstat_report_activity(STATE_IDLE, NULL);
+
+		if (!cleanup_failing)
+			ereport(WARNING,
+					(errcode(edata->sqlerrcode),
+					 errmsg("outbox relay cannot delete published events: %s", edata->message),
+					 errdetail("Publishing goes on; published events older than outbox.retention stay in outbox.events until this is fixed. Retried every %d s.",
+							   CLEANUP_RETRY_MS / 1000),
+					 errhint("Grant the relay's role DELETE on outbox.events, or set outbox.retention = -1 to keep published events.")));
+		outbox_shared_set_error(psprintf("cannot delete published events: %s", edata->message));
+		cleanup_failing = true;
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
 }
 
 /*

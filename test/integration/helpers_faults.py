@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Tuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from conftest import (REPO, Env, Received, TopicReader, emit, java_partition, pg_connect, query,
-                      query_one, relay_status, unique_messages, wait_relay_ready, wait_until)
+from conftest import (REPO, Env, LogWatcher, Received, TopicReader, emit, java_partition, pg_connect,
+                      query, query_one, relay_status, unique_messages, wait_relay_ready, wait_until)
 
 MOCK_DIR = REPO / "test" / "mock"
 sys.path.insert(0, str(MOCK_DIR))
@@ -95,8 +95,13 @@ def relay_on_mock(env: Env, conn, brokers: int = 3, kafka_properties: str = MOCK
     changed = dict(bootstrap_servers=mc.bootstrap, kafka_properties=kafka_properties,
                    **extra_settings)
     try:
+        watcher = LogWatcher(env)
         set_conf(conn, **changed)
         wait_setting(conn, "bootstrap_servers", mc.bootstrap)
+        # a new session seeing the value does not mean the relay applied it: until its producer
+        # is replaced, events would still go to the real broker and be missing from the mock
+        wait_until(lambda: any("Kafka settings changed, reconnecting" in ln
+                               for ln in watcher.new_lines()), 20, "the relay to switch to the mock")
         yield mc
     finally:
         try:

@@ -225,9 +225,10 @@ def test_database_missing_or_closed_waits_without_crash_loop(env, reader_factory
         exits = relay_exit_lines(lines)
         st = relay_status(probe)
         assert st and st[0]["state"] == "waiting_for_database" and st[0]["database"] == later, (st, states[-5:])
+        assert st[0]["last_error"] == f'database "{later}" does not exist', st
         wait_pid = st[0]["pid"]
-        waiting = [ln for ln in lines if f'waiting for database "{later}" to exist' in ln]
-        fatal = [ln for ln in lines if f'database "{later}" does not exist' in ln]
+        waiting = [ln for ln in lines if f'outbox relay is waiting: database "{later}" does not exist' in ln]
+        fatal = [ln for ln in lines if f'database "{later}" does not exist' in ln and "FATAL" in ln]
         report(f"OUTBOX LIFECYCLE missing database: over {MISSING_DB_OBSERVE_S}s {len(exits)} relay exit(s),"
                f" {len(fatal)} FATAL 'does not exist', {len(waiting)} 'waiting for database' line(s);"
                f" states seen {sorted({s[0] if s else None for s in states}, key=str)}")

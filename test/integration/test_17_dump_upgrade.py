@@ -11,8 +11,14 @@ pg_dump / pg_restore and ALTER EXTENSION outbox UPDATE.
     +27): same worker, every event delivered once, in order.
 (d) A monitoring query of outbox.status that overlaps the update must neither fail nor make the
     update fail (no lock-order deadlock between the script and the view's readers).
+(e) Users' grants survive pg_dump/pg_restore after ALTER EXTENSION UPDATE from 1.1 and after DROP
+    and CREATE EXTENSION over the schema outbox the DROP left behind: scripts that GRANT/REVOKE on
+    existing objects made PostgreSQL record the users' grants in pg_init_privs as the extension's
+    own, so pg_dump left them out (and a role dropped later broke pg_restore).  Scratch databases
+    and roles on the main cluster.
 """
 import collections
+import contextlib
 import subprocess
 import threading
 import time
@@ -28,6 +34,7 @@ from conftest import (LogWatcher, create_topics, delivery_errors, emit_round_rob
 from helpers_lifecycle import (PG_BINDIR, Emitter, connect_db, count_check, error_lines_of,
                                extra_cluster, id_counts, order_violations,
                                relay_exit_lines, relay_pids, server_crashes, set_system, timed)
+from helpers_security import unique
 
 RESTORE_DB = "outbox_restored"
 
@@ -229,7 +236,11 @@ CATALOG_QUERIES = {
           FROM pg_init_privs ip
           JOIN pg_depend d ON d.classid = ip.classoid AND d.objid = ip.objoid AND d.deptype = 'e'
           JOIN pg_extension e ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-         WHERE e.extname = 'outbox'"""
+         WHERE e.extname = 'outbox'
+        UNION ALL      -- schema outbox is no member (DROP EXTENSION leaves it), but the scripts grant on it
+        SELECT pg_describe_object(ip.classoid, ip.objoid, ip.objsubid), ip.privtype, ip.initprivs::text
+          FROM pg_init_privs ip
+         WHERE ip.classoid = 'pg_namespace'::regclass AND ip.objoid = 'outbox'::regnamespace"""
 }
 
 
@@ -398,3 +409,191 @@ def test_update_does_not_deadlock_with_status_readers(env, conn):
     assert results.get("update", ("?",))[0] == "ok" and version == current, f"ALTER EXTENSION UPDATE: {results}"
     assert results.get("status", ("?",))[0] == "ok", \
         f"a reader of outbox.status failed while ALTER EXTENSION outbox UPDATE ran: {results['status'][1]}"
+
+
+# --------------------------------------------------------------------------- users' grants
+
+# every privilege on the objects in schema outbox and on the schema, one row per aclitem privilege
+# (a NULL ACL counted as the default one): a set, so that the order of the items does not matter
+ACL_SQL = """
+    WITH obj(what, acl) AS (
+        SELECT 'schema outbox', coalesce(n.nspacl, acldefault('n', n.nspowner))
+          FROM pg_namespace n WHERE n.nspname = 'outbox'
+        UNION ALL
+        SELECT c.oid::regclass::text,
+               coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner))
+          FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v', 'S')
+        UNION ALL
+        SELECT a.attrelid::regclass::text || '.' || a.attname, a.attacl
+          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+         WHERE c.relnamespace = 'outbox'::regnamespace AND a.attacl IS NOT NULL
+        UNION ALL
+        SELECT p.oid::regprocedure::text, coalesce(p.proacl, acldefault('f', p.proowner))
+          FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace)
+    SELECT o.what, CASE x.grantee WHEN 0 THEN 'PUBLIC' ELSE x.grantee::regrole::text END,
+           x.grantor::regrole::text, x.privilege_type, x.is_grantable
+      FROM obj o, aclexplode(o.acl) x"""
+
+# pg_init_privs items naming a role (by name, or the OID of a role dropped since)
+INIT_PRIVS_ROLES_SQL = """
+    SELECT DISTINCT pg_describe_object(ip.classoid, ip.objoid, ip.objsubid) || ': ' || ip.initprivs::text
+      FROM pg_init_privs ip, aclexplode(ip.initprivs) x
+     WHERE x.grantee = ANY (%s::oid[]) OR (x.grantee <> 0 AND NOT EXISTS
+           (SELECT 1 FROM pg_roles r WHERE r.oid = x.grantee))"""
+
+
+def acl_rows(c) -> list:
+    return sorted(query(c, ACL_SQL))
+
+
+def init_privs(c) -> list:
+    return sorted(query(c, CATALOG_QUERIES["initial privileges"]))
+
+
+def as_role_emit(c, role: str) -> str:
+    """SET ROLE role; SELECT outbox.emit(...): '' if it worked, else the error."""
+    try:
+        query(c, f'SET ROLE "{role}"')
+        query(c, "SELECT outbox.emit('obx_grants', '1', 'grants.checked', '{}')")
+        return ""
+    except psycopg2.Error as e:
+        return f"{e.pgcode}: {str(e).strip().splitlines()[0]}"
+    finally:
+        query(c, "RESET ROLE")
+
+
+def dump_restore(env, src_db: str, dst_db: str, dump_file: Path):
+    """pg_dump -Fc src_db, pg_restore into dst_db (a new, empty database; ACLs included)."""
+    t0 = time.monotonic()
+    d = pg_tool("pg_dump", "-Fc", "-h", env.pg_host, "-p", str(env.pg_port), "-U", env.pg_user,
+                "-d", src_db, "-f", str(dump_file))
+    assert d.returncode == 0, f"pg_dump failed ({d.returncode}):\n{d.stderr}"
+    r = pg_tool("pg_restore", "-h", env.pg_host, "-p", str(env.pg_port), "-U", env.pg_user,
+                "-d", dst_db, str(dump_file))
+    return r, time.monotonic() - t0
+
+
+def grant_problems(src, dst, restore: subprocess.CompletedProcess, role_oids: list, checks: list,
+                   app: str) -> list:
+    """Everything that shows users' grants lost or mangled by the dump/restore."""
+    out = []
+    if restore.returncode != 0 or "error" in restore.stderr.lower():
+        out.append(f"pg_restore exited {restore.returncode}: {restore.stderr.strip()}")
+    a, b = acl_rows(src), acl_rows(dst)
+    out += [f"privilege lost by dump/restore: {r}" for r in a if r not in b]
+    out += [f"privilege added by dump/restore: {r}" for r in b if r not in a]
+    for fn, args in checks:
+        if not query_one(dst, f"SELECT {fn}({', '.join(['%s'] * len(args))})", args)[0]:
+            out.append(f"restored: {fn}{args} is false")
+    err = as_role_emit(dst, app)
+    if err:
+        out.append(f"restored: {app} cannot call outbox.emit(): {err}")
+    out += [f"pg_init_privs names a user's role: {r[0]}" for r in query(src, INIT_PRIVS_ROLES_SQL, (role_oids,))]
+    ia, ib = init_privs(src), init_privs(dst)       # dst: a fresh CREATE EXTENSION plus the dump's GRANTs
+    out += [f"pg_init_privs only in the source: {r}" for r in ia if r not in ib]
+    out += [f"pg_init_privs only in the fresh install: {r}" for r in ib if r not in ia]
+    return out
+
+
+@contextlib.contextmanager
+def scratch(env, conn, tag: str, roles: tuple):
+    """Two new databases (source, restore target) and new NOLOGIN roles, all dropped at the end."""
+    t = uuid.uuid4().hex[:8]
+    dbs = (f"obx_{tag}_{t}", f"obx_{tag}_restored_{t}")
+    names = {r: unique(f"obx_{r}") for r in roles}
+    opened = []
+    try:
+        for db in dbs:
+            query(conn, f'CREATE DATABASE "{db}"')
+        for name in names.values():
+            query(conn, f'CREATE ROLE "{name}" NOLOGIN')
+        for db in dbs:
+            opened.append(connect_db(env, db))
+        yield dbs, opened, names
+    finally:
+        for x in opened:
+            x.close()
+        for db in dbs:
+            query(conn, f'DROP DATABASE IF EXISTS "{db}"')
+        for name in names.values():
+            query(conn, f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_grants_survive_update_and_dump(env, conn, tmp_path):
+    """1.1 + the README's grants + ALTER EXTENSION UPDATE, then pg_dump -Fc / pg_restore."""
+    with scratch(env, conn, "grants", ("app", "ops", "relay", "gone")) as (dbs, (s, t), r):
+        query(s, "CREATE EXTENSION outbox VERSION '1.1'")
+        # the README's grants, as far as the objects exist in 1.1, a column grant and a role that
+        # is dropped after the update
+        query(s, f"""
+            GRANT USAGE ON SCHEMA outbox TO "{r['app']}", "{r['ops']}", "{r['relay']}", "{r['gone']}";
+            GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) TO "{r['app']}", "{r['gone']}";
+            GRANT EXECUTE ON FUNCTION outbox.retry_failed(), outbox.retry_failed(uuid) TO "{r['ops']}";
+            GRANT SELECT (id, failed_at) ON outbox.events TO "{r['ops']}";
+            GRANT SELECT, UPDATE, DELETE ON outbox.events TO "{r['relay']}", "{r['gone']}";""")
+        update_s = timed(query, s, "ALTER EXTENSION outbox UPDATE")
+        version = query_one(s, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0]
+        # what the README says to grant after the update (objects new in 1.2)
+        query(s, f"""
+            GRANT EXECUTE ON FUNCTION outbox.capture() TO "{r['app']}";
+            GRANT EXECUTE ON FUNCTION outbox.pause(), outbox.resume(), outbox.replay(timestamptz),
+                  outbox.replay(bigint, bigint), outbox.purge(interval) TO "{r['ops']}";
+            GRANT SELECT ON outbox.relay TO "{r['relay']}";
+            DROP OWNED BY "{r['gone']}";
+            DROP ROLE "{r['gone']}";""")
+        role_oids = [x[0] for x in query(s, "SELECT oid::bigint FROM pg_roles WHERE rolname = ANY (%s)",
+                                         (list(r.values()),))]
+        dump_file = tmp_path / "grants.dump"
+        restore, dr_s = dump_restore(env, dbs[0], dbs[1], dump_file)
+        emit_fn = "outbox.emit(text, text, text, jsonb, jsonb, text)"
+        checks = [("has_schema_privilege", (r["app"], "outbox", "USAGE")),
+                  ("has_function_privilege", (r["app"], emit_fn, "EXECUTE")),
+                  ("has_function_privilege", (r["app"], "outbox.capture()", "EXECUTE")),
+                  ("has_schema_privilege", (r["ops"], "outbox", "USAGE")),
+                  ("has_function_privilege", (r["ops"], "outbox.retry_failed(uuid)", "EXECUTE")),
+                  ("has_function_privilege", (r["ops"], "outbox.pause()", "EXECUTE")),
+                  ("has_column_privilege", (r["ops"], "outbox.events", "failed_at", "SELECT")),
+                  ("has_schema_privilege", (r["relay"], "outbox", "USAGE")),
+                  ("has_table_privilege", (r["relay"], "outbox.events", "SELECT, UPDATE, DELETE")),
+                  ("has_table_privilege", (r["relay"], "outbox.relay", "SELECT"))]
+        probs = grant_problems(s, t, restore, role_oids, checks, r["app"])
+        # least privilege is kept: the app role still cannot read the events
+        if query_one(t, "SELECT has_table_privilege(%s, 'outbox.events', 'SELECT')", (r["app"],))[0]:
+            probs.append(f"restored: {r['app']} can read outbox.events")
+        dump_file.unlink()
+    report(f"OUTBOX GRANTS after UPDATE: 1.1 + grants to 4 roles, ALTER EXTENSION UPDATE ({version},"
+           f" {update_s:.3f}s), one role dropped, pg_dump -Fc + pg_restore {dr_s:.2f}s;"
+           f" {len(probs)} problem(s)")
+    assert not probs, f"{len(probs)} problem(s) with users' grants:\n  " + "\n  ".join(probs)
+
+
+def test_grants_survive_drop_create_extension(env, conn, tmp_path):
+    """DROP EXTENSION leaves schema outbox and its grants; CREATE EXTENSION again over it; dump/restore."""
+    with scratch(env, conn, "regrant", ("app", "ops", "relay")) as (dbs, (s, t), r):
+        query(s, "CREATE EXTENSION outbox")
+        grants = f"""
+            GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) TO "{r['app']}";
+            GRANT EXECUTE ON FUNCTION outbox.pause(), outbox.resume() TO "{r['ops']}";
+            GRANT SELECT, UPDATE, DELETE ON outbox.events TO "{r['relay']}";
+            GRANT SELECT ON outbox.relay TO "{r['relay']}";"""
+        query(s, f'GRANT USAGE ON SCHEMA outbox TO "{r["app"]}", "{r["relay"]}";' + grants)
+        query(s, "DROP EXTENSION outbox")
+        left = query(s, "SELECT nspacl::text FROM pg_namespace WHERE nspname = 'outbox'")
+        assert left and r["app"] in left[0][0], f"schema outbox after DROP EXTENSION: {left}"
+        query(s, f'GRANT USAGE ON SCHEMA outbox TO "{r["ops"]}"')
+        query(s, "CREATE EXTENSION outbox")
+        query(s, grants)                     # the objects are new: their grants are made again
+        role_oids = [x[0] for x in query(s, "SELECT oid::bigint FROM pg_roles WHERE rolname = ANY (%s)",
+                                         (list(r.values()),))]
+        dump_file = tmp_path / "regrant.dump"
+        restore, dr_s = dump_restore(env, dbs[0], dbs[1], dump_file)
+        checks = [("has_schema_privilege", (r[x], "outbox", "USAGE")) for x in ("app", "ops", "relay")]
+        checks += [("has_function_privilege", (r["app"], "outbox.emit(text, text, text, jsonb, jsonb, text)",
+                                               "EXECUTE")),
+                   ("has_function_privilege", (r["ops"], "outbox.resume()", "EXECUTE")),
+                   ("has_table_privilege", (r["relay"], "outbox.events", "SELECT, UPDATE, DELETE"))]
+        probs = grant_problems(s, t, restore, role_oids, checks, r["app"])
+        dump_file.unlink()
+    report(f"OUTBOX GRANTS after DROP/CREATE EXTENSION: schema outbox left with its grants, CREATE"
+           f" EXTENSION over it, pg_dump -Fc + pg_restore {dr_s:.2f}s; {len(probs)} problem(s)")
+    assert not probs, f"{len(probs)} problem(s) with users' grants:\n  " + "\n  ".join(probs)

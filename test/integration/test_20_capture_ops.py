@@ -20,6 +20,7 @@ import collections
 import io
 import threading
 import time
+from pathlib import Path
 
 from conftest import (create_topics, event_rows, message_problems, new_aggregate_type,
                       order_problems, pg_connect, pg_sh, query, query_one, report,
@@ -340,6 +341,31 @@ def test_concurrent_pause_and_resume_the_later_commit_wins(env):
         query(conn, "SELECT outbox.resume()")
         wait_state(conn, ("idle", "publishing"), what="relay resumed after the test")
         conn.close()
+
+
+def readme_monitoring_query() -> str:
+    """The alert query of README.md's "Monitoring" section, exactly as printed there."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("-- no relay, or a relay that is not delivering")
+    return text[start:text.index("```", start)]
+
+
+def test_readme_monitoring_query(env):
+    sql = readme_monitoring_query()
+    conn = pg_connect(env)
+    try:
+        wait_state(conn, ("idle", "publishing"), what="relay running")
+        healthy = query_one(conn, sql)[0]
+        query(conn, "SELECT outbox.pause()")
+        wait_state(conn, "paused", what="relay paused")
+        paused = query_one(conn, sql)[0]
+    finally:
+        query(conn, "SELECT outbox.resume()")
+        wait_state(conn, ("idle", "publishing"), what="relay resumed after the test")
+        conn.close()
+    report(f"OUTBOX MONITORING QUERY (README): running -> {healthy!r}, paused -> {paused!r}")
+    assert healthy is None, healthy
+    assert paused is not None and paused.startswith("relay paused"), paused
 
 
 def _occurrence_order(msgs, row_id, occurrence):

@@ -32,6 +32,10 @@ from helpers_security import (Log, alter_system, drop_role, emit_many, entries, 
 SECRET = "S3cr3t-Pa55"
 SECRET_PROPS = f"sasl.username=u1;sasl.password={SECRET};linger.ms=2"
 SECRET_SHOWN = "sasl.username=********;sasl.password=********;linger.ms=2"
+# an OAuth endpoint URL may carry user:password@ too (Debian's librdkafka refuses the property:
+# built without libcurl; the relay reports config_error, which is all this needs)
+SECRET_URL_PROPS = f"sasl.oauthbearer.token.endpoint.url=https://u1:{SECRET}@idp.invalid/token"
+SECRET_URL_SHOWN = "sasl.oauthbearer.token.endpoint.url=********"
 
 
 # --------------------------------------------------------------------------- (a) topics
@@ -198,6 +202,9 @@ def test_secrets_never_leak(env, prefix, reader_factory):
         refused = [ln for ln in log2.lines() if "cannot create its Kafka producer" in ln]
         assert len(refused) == 1 and "linger.ms" in refused[0], refused
         check_views("refused by librdkafka", "sasl.password=********;linger.ms=not-a-number")
+        set_system(conn, {"outbox.kafka_properties": SECRET_URL_PROPS})
+        wait_session_shows(conn, "outbox.kafka_properties", SECRET_URL_SHOWN)
+        check_views("an endpoint URL with a password", SECRET_URL_SHOWN)
 
         # 3. postgresql.conf + reload (ALTER SYSTEM's value removed first)
         alter_system(conn, "outbox.kafka_properties", None)
@@ -260,6 +267,55 @@ def test_secrets_never_leak(env, prefix, reader_factory):
            f" delivered; {len(leaks)} place(s) showed the secret"
            + (": " + "; ".join(sorted({l.split(' shows the secret')[0][:100] for l in leaks})) if leaks else ""))
     assert not leaks, f"the secret {SECRET!r} leaked in {len(leaks)} place(s):\n  " + "\n  ".join(leaks[:20])
+
+
+def test_secret_not_in_pg_stat_statements_or_pg_stat_activity(env):
+    """ALTER SYSTEM SET outbox.kafka_properties carries the value in its text: pg_stat_activity
+    (an idle session keeps showing its last statement) and pg_stat_statements (outbox listed
+    after it in shared_preload_libraries, as the README says) show it masked to pg_monitor."""
+    conn = pg_connect(env)
+    monitor = unique("it_monitor")
+    leaks = []
+    try:
+        # a list: two quoted items (one quoted string would name a single library)
+        query(conn, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements', 'outbox'")
+        conn.close()
+        pg_sh(env, "restart")
+        conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
+        query(conn, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        query(conn, f'CREATE ROLE "{monitor}" IN ROLE pg_monitor')
+        setter = pg_connect(env)
+        try:
+            query(setter, "ALTER SYSTEM SET outbox.kafka_properties = %s", (SECRET_PROPS,))
+            query(setter, f"alter system set OUTBOX.Kafka_Properties to '{SECRET_PROPS}'")
+            query(conn, f'SET ROLE "{monitor}"')
+            try:
+                activity = query_one(conn, "SELECT query FROM pg_stat_activity WHERE pid = %s",
+                                     (setter.get_backend_pid(),))[0]
+                statements = [r[0] for r in query(conn, "SELECT query FROM pg_stat_statements"
+                                                        " WHERE query ILIKE '%kafka_properties%'")]
+            finally:
+                query(conn, "RESET ROLE")
+        finally:
+            query(setter, "ALTER SYSTEM RESET outbox.kafka_properties")
+            setter.close()
+        # the check could not fail if the monitor saw nothing at all
+        assert "kafka_properties" in activity, activity
+        assert any("(not shown)" in q for q in statements), statements
+        for where, text in [("pg_stat_activity", activity)] + [("pg_stat_statements", q) for q in statements]:
+            if SECRET in text:
+                leaks.append(f"{where}: {text}")
+    finally:
+        c = wait_until(lambda: pg_connect(env), 30, "a connection")
+        query(c, "DROP EXTENSION IF EXISTS pg_stat_statements")
+        query(c, "ALTER SYSTEM RESET shared_preload_libraries")
+        drop_role(c, monitor)
+        c.close()
+        pg_sh(env, "restart")
+        wait_relay_ready(env)
+    report(f"OUTBOX SECRETS (statements): ALTER SYSTEM SET outbox.kafka_properties as seen by pg_monitor:"
+           f" pg_stat_activity {activity!r}, pg_stat_statements {statements!r}")
+    assert not leaks, "\n".join(leaks)
 
 
 # --------------------------------------------------------------------------- (c) no code loading
@@ -366,6 +422,7 @@ RELAY_GRANTS = f"""
 WAIT_OBSERVE_S = 12            # time a missing role is watched for a crash loop
 REVOKE_OBSERVE_S = 15          # time a missing grant is watched
 MAX_PERMISSION_ERRORS = 8      # backoff 1, 2, 4, 8 s: about 5 in 15 s
+CLEANUP_OBSERVE_S = 4           # retention's cleanup runs every second
 REVOKE_EMIT_EVERY_S = 0.25     # commits during that time (each one wakes the relay)
 
 
@@ -405,9 +462,13 @@ def test_relay_role(env, prefix, reader_factory):
         lines = lines[starts[-1]:]
         exits = worker_exits(lines)
         assert len(exits) <= 1, "crash loop while the role is missing:\n" + "\n".join(exits)
-        waiting = [e for e in entries(lines) if "outbox relay is waiting for database" in e]
+        # the log line and the status name the role as the obstacle, not the database (a DBA
+        # trial found "waiting for database" and an empty last_error)
+        obstacle = f'role "{RELAY_ROLE}" (outbox.role) does not exist'
+        waiting = [e for e in entries(lines) if "outbox relay is waiting: " in e]
         assert len(waiting) == 1, waiting
-        assert f'role "{RELAY_ROLE}"' in waiting[0], f"the LOG line does not name the role: {waiting[0]}"
+        assert obstacle in waiting[0], f"the LOG line does not name the role: {waiting[0]}"
+        assert st["last_error"] == obstacle, st
         assert pending_count(conn, agg) == len(emitted)
         figures["missing_role_exits"] = len(exits)
 
@@ -423,11 +484,27 @@ def test_relay_role(env, prefix, reader_factory):
         assert {e for e, _, _ in emitted} <= set(counts)
         pid = st["pid"]
 
+        # one missing grant, then another: the status must show the error of the moment, not the
+        # first one (a DBA trial saw "permission denied for schema outbox" stay while the
+        # relay failed on the table)
+        query(conn, f"REVOKE USAGE ON SCHEMA outbox FROM {RELAY_ROLE}")
+        no_schema = emit_many(conn, agg, ["r1"], 1, tag="no_schema")
+        emitted += no_schema
+        st = wait_until(lambda: (lambda s: s if "permission denied for schema outbox" in (s["last_error"] or "")
+                                 else None)(status(conn)), 30, "last_error: permission denied for schema")
+        assert st["state"] == "error", st
+        first_error_at = st["last_error_at"]
+        query(conn, f"BEGIN; GRANT USAGE ON SCHEMA outbox TO {RELAY_ROLE};"
+                    f" REVOKE UPDATE ON outbox.events FROM {RELAY_ROLE}; COMMIT")
+        st = wait_until(lambda: (lambda s: s if "permission denied for table events" in (s["last_error"] or "")
+                                 else None)(status(conn)), 30,
+                        "last_error to follow the new error (permission denied for table events)")
+        assert st["state"] == "error" and st["last_error_at"] > first_error_at, st
+
         # a missing grant: logged errors with backoff, no exit, nothing lost.  Events keep being
         # committed all the time (each commit wakes the relay): the backoff must still bound
         # the log lines
         log2 = Log(env)
-        query(conn, f"REVOKE UPDATE ON outbox.events FROM {RELAY_ROLE}")
         held = []
         t_rev = time.monotonic()
         i = 0
@@ -443,7 +520,7 @@ def test_relay_role(env, prefix, reader_factory):
         assert "permission denied" in (st["last_error"] or ""), st
         assert errors, f"no ERROR line of the relay (pid {pid}) in {REVOKE_OBSERVE_S}s without UPDATE"
         assert all("permission denied for table events" in ln for ln in errors), errors
-        assert pending_count(conn, agg) == len(held)
+        assert pending_count(conn, agg) == len(held) + len(no_schema)
         figures["permission_errors"] = len(errors)
         figures["revoked_commits"] = len(held)
         if len(errors) > MAX_PERMISSION_ERRORS:
@@ -474,8 +551,48 @@ def test_relay_role(env, prefix, reader_factory):
                                       payload=r["payload"], headers=None, topic=topic,
                                       created_ms=r["created_ms"])
         assert not probs, "\n".join(probs[:10])
+
+        # without DELETE, retention's cleanup fails: one WARNING, and publishing goes on (a DBA
+        # trial saw delivery stop altogether)
+        log3 = Log(env)
+        query(conn, f"REVOKE DELETE ON outbox.events FROM {RELAY_ROLE}")
+        no_delete = emit_many(conn, agg, ["r1", "r2"], 3, tag="no_delete")
+        emitted += no_delete
+        counts = wait_counts(reader, {e: 1 for e, _, _ in emitted}, timeout=60, extra=0.5)
+        assert {e for e, _, _ in no_delete} <= set(counts), "events held back by a failing cleanup"
+        wait_until(lambda: pending_count(conn, agg) == 0, 30, "all rows marked published without DELETE")
+        time.sleep(CLEANUP_OBSERVE_S)       # the cleanup runs every second
+        st = status(conn)
+        assert st["state"] in ("idle", "publishing") and st["pid"] == pid, st
+        assert "cannot delete published events" in (st["last_error"] or ""), st
+        warnings = [e for e in entries(log3.lines()) if "outbox relay cannot delete published events" in e]
+        assert len(warnings) == 1, warnings
+        figures["cleanup_warnings"] = len(warnings)
+
+        # with retention 0 an acknowledged event is deleted, not marked: without DELETE nothing
+        # may be sent (else every batch went out again after each failed DELETE)
+        set_system(conn, {"outbox.retention": "0"})
+        wait_session_shows(conn, "outbox.retention", "0")
+        held0 = emit_many(conn, agg, ["r3"], 3, tag="retention0")
+        st = wait_until(lambda: (lambda s: s if s["state"] == "error" and "permission denied for table events"
+                                 in (s["last_error"] or "") else None)(status(conn)), 30,
+                        "state error: retention 0 without DELETE")
+        sent = set(wait_counts(reader, {}, timeout=1, extra=CLEANUP_OBSERVE_S)) & {e for e, _, _ in held0}
+        assert not sent, f"{len(sent)} of {len(held0)} events sent although they could not be deleted"
+        assert pending_count(conn, agg) == len(held0)
+        query(conn, f"GRANT DELETE ON outbox.events TO {RELAY_ROLE}")
+        emitted += held0
+        counts = wait_counts(reader, {e: 1 for e, _, _ in emitted}, timeout=60, extra=0.5)
+        assert {e for e, _, _ in held0} <= set(counts)
+        dups = {e: n for e, n in counts.items() if e in {x for x, _, _ in held0} and n > 1}
+        assert not dups, dups
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
+                                           " AND payload->>'tag' = 'retention0'", (agg,))[0] == 0,
+                   30, "acknowledged events deleted with retention 0")
+        set_system(conn, {"outbox.retention": None})
     finally:
         c = wait_until(lambda: pg_connect(env), 30, "a connection")
+        query(c, "ALTER SYSTEM RESET outbox.retention")
         query(c, "ALTER SYSTEM RESET outbox.role")
         c.close()
         conn.close()
@@ -493,7 +610,9 @@ def test_relay_role(env, prefix, reader_factory):
            f" in {WAIT_OBSERVE_S}s), connected as {RELAY_ROLE} {figures['connect_after_create_s']:.1f}s"
            f" after CREATE ROLE; REVOKE UPDATE: {figures['permission_errors']} ERROR lines in"
            f" {REVOKE_OBSERVE_S}s with {figures['revoked_commits']} commits, same worker, nothing lost;"
-           f" after GRANT all delivered in {figures['recover_s']:.1f}s without a restart")
+           f" after GRANT all delivered in {figures['recover_s']:.1f}s without a restart;"
+           f" REVOKE DELETE: {figures['cleanup_warnings']} cleanup WARNING, publishing went on;"
+           f" retention 0 without DELETE: nothing sent until GRANT DELETE")
     assert not problems, "\n  ".join(["outbox.role:"] + problems)
 
 
