@@ -26,8 +26,9 @@
  *
  * An UPDATE that changes the key becomes two events, <table>.deleted under
  * the old key and <table>.created under the new one (as Debezium does), so
- * that every key's history ends with its last state: a compacted topic
- * would otherwise keep the old key's row for ever.
+ * that every key's history ends with its last state: consumers would
+ * otherwise keep the row under the old key as live.  No tombstone follows
+ * a deleted event (README: compacted topics).
  *
  * Keys and rows are rendered with fixed output settings (render_settings),
  * not the writing session's: a key is the Kafka message key, and one row
@@ -70,6 +71,7 @@ static const char *const render_settings[][2] = {
 
 static bool timezone_is_utc(void);
 static char *trigger_context(TriggerData *trigdata);
+static void rendering_error_context(void *arg);
 static int	set_render_settings(void);
 static void build_event(OutboxEvent *event, TriggerData *trigdata, Oid root,
 						const char *op, HeapTuple before, HeapTuple after,
@@ -116,6 +118,7 @@ outbox_capture(PG_FUNCTION_ARGS)
 	Oid			save_userid;
 	int			save_sec_context;
 	int			save_nestlevel;
+	ErrorContextCallback rendering;
 	int			i;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
@@ -185,6 +188,12 @@ outbox_capture(PG_FUNCTION_ARGS)
 						   SECURITY_RESTRICTED_OPERATION);
 	save_nestlevel = set_render_settings();
 
+	/* an error while rendering (jsonb refuses a json column's \u0000) names us */
+	rendering.callback = rendering_error_context;
+	rendering.arg = context;
+	rendering.previous = error_context_stack;
+	error_context_stack = &rendering;
+
 	if (before)
 		old_key = aggregate_id_of(before, tupdesc, attnums, context);
 	if (after)
@@ -206,6 +215,7 @@ outbox_capture(PG_FUNCTION_ARGS)
 					before && after ? "updated" : after ? "created" : "deleted",
 					before, after, after ? new_key : old_key);
 
+	error_context_stack = rendering.previous;
 	AtEOXact_GUC(true, save_nestlevel);
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 
@@ -298,6 +308,20 @@ timezone_is_utc(void)
 		pg_get_timezone_offset(session_timezone, &gmtoff) && gmtoff == 0;
 }
 
+/*
+ * Error context while a row is rendered for its event: which trigger on
+ * which table (arg, from trigger_context) was capturing it.
+ */
+static void
+rendering_error_context(void *arg)
+{
+	errcontext("%scapturing the row as an event (outbox.capture())", (const char *) arg);
+}
+
+/*
+ * "trigger "<name>" on table "<table>": ", the prefix of capture()'s
+ * messages.
+ */
 static char *
 trigger_context(TriggerData *trigdata)
 {

@@ -261,6 +261,11 @@ check_topic_prefix(char **newval, void **extra, GucSource source)
  * 65535 (librdkafka would read "kafka:notaport" as port 0 and only fail
  * to connect).  Which hosts the items name is librdkafka's business.
  */
+/*
+ * True unless the bootstrap item of len bytes at item ends in ":port" with a
+ * port that is not a number from 1 to 65535.  An item without a port
+ * ("host", "[::1]", "SSL://host") is valid: librdkafka uses 9092.
+ */
 static bool
 bootstrap_port_is_valid(const char *item, size_t len)
 {

@@ -608,6 +608,11 @@ outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err)
 		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
 		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
 		case RD_KAFKA_RESP_ERR__INVALID_ARG:
+			/*
+			 * the timestamp (created_at) is outside the topic's
+			 * message.timestamp.before/after.max.ms; it only gets older
+			 */
+		case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
 			/* the message that made the producer stop (see gapless above) */
 		case RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE:
 			/* the topic does not exist and the broker will not create it */

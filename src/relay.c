@@ -177,6 +177,13 @@ static const char *const cleanup_sql =
 "                      ORDER BY id LIMIT $2) AS h"
 "    WHERE h.published_at < $1))";
 
+/*
+ * Events that were refused together with others (see mark_results): ids,
+ * kept until the event is published or marked failed.  Such an event is
+ * produced alone next time, so that a refusal is known to be its own.
+ */
+static HTAB *suspects = NULL;
+
 /* highest id marked published by this process; bounds the retention scan */
 static int64 highest_published_id = 0;
 
@@ -210,6 +217,7 @@ typedef struct BatchEntry
 								 * aggregate failed */
 	bool		barrier;		/* produced, but later events of its aggregate
 								 * wait for its report (see BARRIER_BYTES) */
+	bool		isolated;		/* produced alone: a refusal is its own */
 	rd_kafka_resp_err_t error;	/* failure raised before producing */
 	char	   *error_text;
 } BatchEntry;
@@ -236,11 +244,15 @@ typedef struct Batch
 	int			n;				/* rows claimed so far */
 	int			nblocking;		/* rows that failed before producing, were
 								 * held back, or are barriers */
+	bool		no_isolation;	/* waiting for reports failed: hold back
+								 * suspects until the next batch */
 	MemoryContext cxt;			/* lives until the batch is marked */
 } Batch;
 
 static void produce_row(OutboxProducer *producer, Batch *batch,
 						HeapTuple tuple, TupleDesc tupdesc);
+static bool is_suspect(int64 id);
+static void set_suspect(int64 id, bool suspect);
 static bool wait_for_deliveries(OutboxProducer *producer);
 static void check_marked(uint64 changed, int expected, const char *command);
 static void mark_results(OutboxProducer *producer, BatchEntry *entries,
@@ -296,6 +308,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	batch.entries = palloc0(sizeof(BatchEntry) * outbox_batch_size);
 	batch.n = 0;
 	batch.nblocking = 0;
+	batch.no_isolation = false;
 	batch.cxt = CurrentMemoryContext;
 	outbox_producer_begin_batch(producer, outbox_batch_size);
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
@@ -543,6 +556,22 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 		}
 	}
 
+	/*
+	 * A suspect goes out alone: every message produced before it has its
+	 * report first, and it has its own before the next is produced.
+	 */
+	if (is_suspect(entry->id))
+	{
+		if (batch->no_isolation || !wait_for_deliveries(producer) || producer->fatal)
+		{
+			batch->no_isolation = true;
+			entry->held_back = true;
+			batch->nblocking++;
+			return;
+		}
+		entry->isolated = true;
+	}
+
 	event_type = text_column(tuple, tupdesc, COL_EVENT_TYPE, &isnull);
 	d = SPI_getbinval(tuple, tupdesc, COL_EVENT_ID, &isnull);
 	event_id = DatumGetCString(DirectFunctionCall1(uuid_out, d));
@@ -652,6 +681,8 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 			entry->barrier = true;
 			batch->nblocking++;
 		}
+		if (entry->isolated)
+			(void) wait_for_deliveries(producer);
 	}
 	else if (err != RD_KAFKA_RESP_ERR__FATAL)
 		entry_failed(batch, entry, err, psprintf("%s (%s)", rd_kafka_err2str(err),
@@ -786,8 +817,25 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 	Datum	   *failed_permanent = palloc(sizeof(Datum) * n);
 	int			npublished = 0;
 	int			nfailed = 0;
+	int			nrefused = 0;
 	TimestampTz now = GetCurrentTimestamp();
 	int			i;
+
+	/*
+	 * A broker refuses a partition's whole record batch: when a request
+	 * held several messages, each gets the error, though one of them (too
+	 * large, too old) may be the cause.  A refusal counts against an event
+	 * only when it is known to be its own: it was produced alone, or it was
+	 * the only one refused in this batch.  The others are suspects: their
+	 * attempt is recorded, without counting it as permanent, and they are
+	 * sent again at once, each alone (produce_row).
+	 */
+	for (i = 0; i < n; i++)
+	{
+		if (entries[i].produced && delivery_failed(&entries[i], &producer->deliveries[i]) &&
+			outbox_kafka_error_is_permanent(producer->deliveries[i].err))
+			nrefused++;
+	}
 
 	for (i = 0; i < n; i++)
 	{
@@ -795,6 +843,8 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		OutboxDelivery *d = &producer->deliveries[i];
 		rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
 		char	   *text = NULL;
+		bool		permanent;
+		bool		suspect = false;
 
 		if (e->held_back)
 		{
@@ -805,6 +855,8 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		{
 			published_ids[npublished++] = PointerGetDatum(&e->ctid);
 			highest_published_id = Max(highest_published_id, e->id);
+			if (e->isolated)
+				set_suspect(e->id, false);
 			continue;
 		}
 		if (!delivery_failed(e, d))
@@ -821,17 +873,26 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 			text = e->error_text;
 		}
 
-		failed_permanent[nfailed] = BoolGetDatum(outbox_kafka_error_is_permanent(err));
-		if (DatumGetBool(failed_permanent[nfailed]))
+		permanent = outbox_kafka_error_is_permanent(err);
+		if (permanent && e->produced && !e->isolated && nrefused > 1)
+		{
+			suspect = true;
+			permanent = false;
+			result->failed_unattributed++;
+		}
+		else if (permanent)
 			result->failed_permanent++;
 		else
 			result->failed_transient++;
+		if (suspect || permanent)
+			set_suspect(e->id, suspect);
+		failed_permanent[nfailed] = BoolGetDatum(permanent);
 		if (result->first_error == NULL)
 			result->first_error = MemoryContextStrdup(result->cxt, text);
 
 		failed_ids[nfailed] = Int64GetDatum(e->id);
 		failed_errors[nfailed] = CStringGetTextDatum(text);
-		failed_next[nfailed] =
+		failed_next[nfailed] = suspect ? TimestampTzGetDatum(now) :
 			TimestampTzGetDatum(TimestampTzPlusMilliseconds(now,
 															Min((int64) outbox_retry_backoff_max,
 																(int64) RETRY_BACKOFF_BASE_MS << Min(e->attempts, 20))));
@@ -994,6 +1055,41 @@ outbox_relay_cleanup(void)
 	pgstat_report_activity(STATE_IDLE, NULL);
 	MemoryContextSwitchTo(callercxt);
 	return deleted;
+}
+
+/*
+ * Is this event a suspect (refused together with others, see mark_results)?
+ */
+static bool
+is_suspect(int64 id)
+{
+	if (suspects == NULL)
+		return false;
+	return hash_search(suspects, &id, HASH_FIND, NULL) != NULL;
+}
+
+/*
+ * Make an event a suspect, or no longer one.  The set lives in
+ * TopMemoryContext and only ever holds events refused in a shared request
+ * that were not published or marked failed since; a restart forgets it,
+ * which costs such an event one more shared attempt that does not count.
+ */
+static void
+set_suspect(int64 id, bool suspect)
+{
+	if (suspects == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!suspect)
+			return;
+		ctl.keysize = sizeof(int64);
+		ctl.entrysize = sizeof(int64);
+		ctl.hcxt = TopMemoryContext;
+		suspects = hash_create("outbox relay suspects", 64, &ctl,
+							   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	(void) hash_search(suspects, &id, suspect ? HASH_ENTER : HASH_REMOVE, NULL);
 }
 
 /* TimestampTz counts microseconds from 2000-01-01; Kafka wants Unix ms */

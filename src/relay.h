@@ -19,6 +19,8 @@ typedef struct OutboxBatchResult
 	int			published;		/* acknowledged by Kafka, marked published */
 	int			failed_permanent;	/* refused by Kafka or invalid */
 	int			failed_transient;	/* timed out, broker unreachable, ... */
+	int			failed_unattributed;	/* refused with others in one request;
+										 * sent again alone (not counted) */
 	int			dead_lettered;	/* marked failed by this batch */
 	int			held_back;		/* waiting behind a failed event */
 	int			overtaken;		/* published after an earlier failed event

@@ -47,7 +47,7 @@
 
 /* how often expired published rows are deleted, and retried after a failure */
 #define CLEANUP_INTERVAL_MS		1000
-#define CLEANUP_RETRY_MS		60000
+#define CLEANUP_RETRY_MS		10000
 
 /* while Kafka seems down and nothing is pending: how often to ask it */
 #define PROBE_INTERVAL_MS		5000
@@ -497,7 +497,8 @@ relay_step(void)
 	}
 
 	outbox_shared_count(result.published, result.dead_lettered,
-						result.failed_permanent + result.failed_transient);
+						result.failed_permanent + result.failed_transient +
+						result.failed_unattributed);
 	if (result.first_error != NULL)
 		outbox_shared_set_error(result.first_error);
 	if (result.dead_lettered > 0)

@@ -343,8 +343,8 @@ class TopicReader:
         with self._lock:
             return len(self.messages)
 
-    def wait_assigned(self, timeout: float = 30):
-        want = PARTITIONS * len(self.topics)
+    def wait_assigned(self, timeout: float = 30, partitions: int = PARTITIONS):
+        want = partitions * len(self.topics)
 
         def done():
             self.poll(0.2)

@@ -21,8 +21,8 @@ import uuid
 
 from confluent_kafka import Producer
 
-from conftest import (LogWatcher, create_topics, emit, new_aggregate_type, query, query_one,
-                      report)
+from conftest import (LogWatcher, admin, create_topics, emit, new_aggregate_type, query,
+                      query_one, report)
 from helpers_faults import (MOCK_KAFKA_PROPERTIES, Stream, check_delivery, mock_reader,
                             mock_topic, pump, read_all, relay_on_mock, row_summary, set_conf,
                             status, wait_all_published, wait_setting)
@@ -289,6 +289,82 @@ def test_skip_lets_later_events_pass_a_failed_one(env, conn, prefix, reader_fact
     finally:
         set_conf(conn, max_attempts=None, on_failed_event=None)
         query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL", (agg_type,))
+
+
+def create_limited_topic(env, name: str, config: dict):
+    """A 1-partition topic with topic-level limits (every event shares one partition)."""
+    from confluent_kafka.admin import NewTopic
+    client = admin(env)         # kept alive until the answer came
+    client.create_topics([NewTopic(name, num_partitions=1, replication_factor=1, config=config)],
+                         operation_timeout=30)[name].result(30)
+    create_topics(env, [name], partitions=1)       # waits for the leader
+
+
+def test_a_shared_refusal_counts_only_against_its_cause(env, conn, prefix, reader_factory):
+    """A broker refuses a partition's whole record batch.  One event too large for its topic
+    (max.message.bytes 100000) committed with small events of other aggregates on the same
+    partition: only the large one may become a dead letter (a consumer-side trial saw all eight
+    marked failed).  The same for an event older than the topic's
+    message.timestamp.before.max.ms (INVALID_TIMESTAMP: permanent, it only gets older), sent
+    with a fresh one."""
+    agg_type = new_aggregate_type("poison_shared")
+    size_topic, time_topic = f"it.shared.size.{agg_type}", f"it.shared.time.{agg_type}"
+    create_limited_topic(env, size_topic, {"max.message.bytes": "100000"})
+    create_limited_topic(env, time_topic, {"message.timestamp.before.max.ms": "3000"})
+    reader = reader_factory([size_topic, time_topic], wait=False)
+    reader.wait_assigned(partitions=1)
+    try:
+        set_conf(conn, max_attempts=MAX_ATTEMPTS, retry_backoff_max=BACKOFF_MAX)
+        wait_setting(conn, "max_attempts", str(MAX_ATTEMPTS))
+        time.sleep(1)           # the relay applies the reload at its next loop
+        conn.autocommit = False
+        good = []
+        with conn.cursor() as cur:
+            good.append((emit(cur, agg_type, "A1", "it.small", {"agg": "A1", "seq": 1}, topic=size_topic), "A1", 1))
+            big = emit(cur, agg_type, "B1", "it.big", {"pad": "x" * 150_000}, topic=size_topic)
+            good.append((emit(cur, agg_type, "C1", "it.small", {"agg": "C1", "seq": 1}, topic=size_topic), "C1", 1))
+            good += [(emit(cur, agg_type, f"D{i}", "it.small", {"agg": f"D{i}", "seq": 1}, topic=size_topic), f"D{i}", 1)
+                     for i in range(1, 6)]
+        conn.commit()
+
+        # the old event waits (paused) until the topic refuses its timestamp, then goes out in one
+        # batch with a fresh one
+        conn.autocommit = True
+        query(conn, "SELECT outbox.pause()")
+        with conn.cursor() as cur:
+            old = emit(cur, agg_type, "T1", "it.old", {"n": 1}, topic=time_topic)
+        time.sleep(4)
+        conn.autocommit = False
+        with conn.cursor() as cur:
+            good.append((emit(cur, agg_type, "T2", "it.fresh", {"agg": "T2", "seq": 1}, topic=time_topic), "T2", 1))
+            cur.execute("SELECT outbox.resume()")
+        conn.commit()
+        conn.autocommit = True
+
+        rows, _, problems = watch_until_failed(conn, [big, old])
+        msgs = read_all(reader, good, timeout=60, extra=1)
+        check = check_delivery(msgs, good, partitions=1)
+        states = event_state(conn, [e for e, _, _ in good])
+        wrongly_failed = [(r["event_id"], r["attempts"], r["permanent_failures"], r["last_error"])
+                          for r in states.values() if r["permanent_failures"] or r["failed_at"]]
+        report(f"OUTBOX POISON shared refusal: a 150 KB event (topic max.message.bytes 100000) with 7"
+               f" small events of other aggregates on its partition, and an event older than the"
+               f" topic's message.timestamp.before.max.ms with a fresh one: dead letters"
+               f" {sorted(r['last_error'].split(' (')[-1] for r in rows.values())}; others: {check.received}"
+               f" messages of {len(good)}, {len(wrongly_failed)} counted as refused")
+        assert not problems, problems
+        assert all(r["permanent_failures"] == MAX_ATTEMPTS for r in rows.values()), rows
+        assert "MSG_SIZE_TOO_LARGE" in rows[big]["last_error"], rows[big]
+        assert "INVALID_TIMESTAMP" in rows[old]["last_error"], rows[old]
+        assert not wrongly_failed, wrongly_failed
+        check.assert_ok("events refused together with a poison event", allow_duplicates=False)
+        assert not ({big, old} & {m.event_id for m in msgs})
+    finally:
+        conn.autocommit = True
+        query(conn, "SELECT outbox.resume()")
+        set_conf(conn, max_attempts=None, retry_backoff_max=None)
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+              (agg_type,))
 
 
 def topic_refused(env, conn, prefix, error, name, extra_properties=""):

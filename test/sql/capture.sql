@@ -221,5 +221,36 @@ SELECT aggregate_id, event_type, payload->'before' AS before, payload->'after' A
   FROM outbox.events WHERE aggregate_type = 'rekey' ORDER BY id;
 DROP TABLE rekey;
 
+-- a json value jsonb refuses (\u0000) cannot be captured: the
+-- error names the trigger and the table, and nothing is written
+CREATE TABLE docs (id int PRIMARY KEY, body json);
+CREATE TRIGGER docs_outbox AFTER INSERT OR UPDATE OR DELETE ON docs
+    FOR EACH ROW EXECUTE FUNCTION outbox.capture('docs', 'id');
+\set SHOW_CONTEXT errors
+INSERT INTO docs VALUES (1, '{"a": "\u0000"}');
+\set SHOW_CONTEXT never
+INSERT INTO docs VALUES (3, '{"a": "\u00e9"}');
+SELECT id FROM docs;
+SELECT aggregate_id, payload->'after'->'body' AS body FROM outbox.events WHERE aggregate_type = 'docs';
+DROP TABLE docs;
+
+-- the README's tombstone recipe: a trigger that sorts after the capture trigger
+-- emits a NULL payload under the same aggregate type and key
+CREATE TABLE kv (id int PRIMARY KEY, v text);
+CREATE TRIGGER a_outbox AFTER INSERT OR UPDATE OR DELETE ON kv
+    FOR EACH ROW EXECUTE FUNCTION outbox.capture('kv', 'id');
+CREATE FUNCTION kv_tombstone() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM outbox.emit('kv', OLD.id::text, 'kv.tombstone', NULL);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER z_tombstone AFTER DELETE ON kv FOR EACH ROW EXECUTE FUNCTION kv_tombstone();
+INSERT INTO kv VALUES (7, 'x');
+DELETE FROM kv;
+SELECT aggregate_id, event_type, payload IS NULL AS tombstone
+  FROM outbox.events WHERE aggregate_type = 'kv' ORDER BY id;
+DROP TABLE kv;
+DROP FUNCTION kv_tombstone();
+
 DROP TABLE orders, lines, readings, bad;
 DROP EXTENSION outbox;
