@@ -24,6 +24,7 @@
 #include "utils/elog.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/varlena.h"
 
 char	   *outbox_database = NULL;
 char	   *outbox_bootstrap_servers = NULL;
@@ -39,6 +40,18 @@ char	   *outbox_kafka_properties = "";
  * value lives in the GUC's extra and outbox_kafka_properties points to it.
  */
 static char *kafka_properties_masked = NULL;
+
+/*
+ * Why the configuration file's outbox.kafka_properties was refused when the
+ * server started, or "".  PostgreSQL then only warns and starts with the
+ * default (no properties): a relay that went on would connect without the
+ * TLS or SASL settings it was given.  Inherited by the worker; cleared when
+ * a value is accepted (a reload with the file fixed).
+ */
+static char kafka_properties_refusal[256] = "";
+
+/* values of outbox.kafka_properties from a configuration file refused so far */
+static uint64 kafka_properties_file_refusals = 0;
 
 int			outbox_retention = 60;
 int			outbox_delivery_timeout = 30000;
@@ -342,14 +355,21 @@ static const char *const forbidden_kafka_properties[] = {
 	NULL
 };
 
-/* values of these never appear in SHOW, pg_settings or messages */
-static bool
-kafka_property_is_secret(const char *key)
+/*
+ * outbox_kafka_property_is_secret
+ *		True if the value of librdkafka property key may be a secret:
+ *		passwords, secrets, keys and keystores, the SASL user name, OAuth
+ *		configuration and any URL (it may carry user:password@).  Such
+ *		values never appear in SHOW, pg_settings, the log or a message.
+ */
+bool
+outbox_kafka_property_is_secret(const char *key)
 {
 	return strstr(key, "password") != NULL ||
 		strstr(key, "secret") != NULL ||
 		strstr(key, "sasl.oauthbearer.config") != NULL ||
 		strstr(key, "ssl.key.pem") != NULL ||
+		strstr(key, "ssl_key") != NULL ||
 		strstr(key, "ssl.keystore") != NULL ||
 		strstr(key, "sasl.username") != NULL ||
 	/* an endpoint URL may carry user:password@ */
@@ -511,13 +531,17 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 		/* replaces core's message, which would quote the whole value */
 		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_properties\"");
 		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
+		if (source == PGC_S_FILE)
+			kafka_properties_file_refusals++;
+		if (process_shared_preload_libraries_in_progress && source == PGC_S_FILE)
+			strlcpy(kafka_properties_refusal, error, sizeof(kafka_properties_refusal));
 		return false;
 	}
 
 	initStringInfo(&buf);
 	for (i = 0; i < nprops; i++)
 		appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
-						 kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
+						 outbox_kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
 
 	/* the GUC machinery free()s values and extras */
 	masked = strdup(buf.data);
@@ -541,6 +565,77 @@ static void
 assign_kafka_properties(const char *newval, void *extra)
 {
 	outbox_kafka_properties = extra ? (char *) extra : "";
+	kafka_properties_refusal[0] = '\0';
+}
+
+/*
+ * outbox_kafka_properties_refusal
+ *		Why the configuration file's outbox.kafka_properties was refused at
+ *		server start (names properties, never values), or NULL if it was
+ *		not, or a valid value was loaded since.  The relay does not publish
+ *		while this is set.
+ */
+const char *
+outbox_kafka_properties_refusal(void)
+{
+	return kafka_properties_refusal[0] != '\0' ? kafka_properties_refusal : NULL;
+}
+
+/*
+ * outbox_reload_config_file
+ *		ProcessConfigFile(PGC_SIGHUP) for the relay.  A value refused at
+ *		server start stays refused while the file still has a refused one;
+ *		once a reload refuses none (the line fixed, or removed so that the
+ *		default applies, which calls no assign hook) it is forgotten.
+ */
+void
+outbox_reload_config_file(void)
+{
+	uint64		refusals = kafka_properties_file_refusals;
+
+	ProcessConfigFile(PGC_SIGHUP);
+	if (kafka_properties_file_refusals == refusals)
+		kafka_properties_refusal[0] = '\0';
+}
+
+/*
+ * outbox_check_preload_order
+ *		WARNING at server start when pg_stat_statements comes after outbox in
+ *		shared_preload_libraries: its ProcessUtility hook then runs before
+ *		ours and records ALTER SYSTEM SET outbox.kafka_properties with the
+ *		value (see outbox_process_utility).  Called from _PG_init in the
+ *		postmaster.
+ */
+void
+outbox_check_preload_order(void)
+{
+	char	   *list = pstrdup(GetConfigOption("shared_preload_libraries", false, false));
+	List	   *names;
+	ListCell   *lc;
+	int			position = 0;
+	int			outbox_at = -1;
+	int			pgss_at = -1;
+
+	if (!SplitDirectoriesString(list, ',', &names))
+		return;
+	foreach(lc, names)
+	{
+		const char *name = (const char *) lfirst(lc);
+		const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+		size_t		len = strcspn(base, ".");
+
+		if (len == strlen("outbox") && strncmp(base, "outbox", len) == 0 && outbox_at < 0)
+			outbox_at = position;
+		if (len == strlen("pg_stat_statements") &&
+			strncmp(base, "pg_stat_statements", len) == 0)
+			pgss_at = position;
+		position++;
+	}
+	if (outbox_at >= 0 && pgss_at > outbox_at)
+		ereport(WARNING,
+				(errmsg("outbox is listed before pg_stat_statements in shared_preload_libraries"),
+				 errdetail("pg_stat_statements then records ALTER SYSTEM SET outbox.kafka_properties with its value, which may hold passwords, for its readers (pg_read_all_stats)."),
+				 errhint("List outbox after it: shared_preload_libraries = 'pg_stat_statements,outbox'.")));
 }
 
 /*

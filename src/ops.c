@@ -14,9 +14,12 @@
 #include "outbox.h"
 
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
 PG_FUNCTION_INFO_V1(outbox_retry_failed_all);
@@ -60,6 +63,39 @@ run(const char *sql, int nargs, Oid *argtypes, Datum *values, bool wake)
 	return n;
 }
 
+/*
+ * WARNING when no relay acts on what the calling function changes: the
+ * library is not preloaded, or the relay serves another database
+ * (outbox.database).  The call still does its work in this database's
+ * tables, but a silent success would suggest the relay was paused, resumed
+ * or given events to send.  Unlike emit()'s warning, this comes with every
+ * call: operations are rare and deliberate.
+ */
+static void
+warn_if_not_relayed_here(FunctionCallInfo fcinfo)
+{
+	char	   *function = get_func_name(fcinfo->flinfo->fn_oid);
+	char	   *dbname;
+
+	if (outbox_shared == NULL)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox.%s() has no effect on any relay: the outbox library is not in shared_preload_libraries",
+						function)));
+		return;
+	}
+	dbname = get_database_name(MyDatabaseId);
+	if (dbname != NULL && outbox_database != NULL &&
+		strcmp(dbname, outbox_database) != 0)
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox.%s() in database \"%s\" has no effect on any relay", function, dbname),
+				 errdetail("The relay serves database \"%s\" only (outbox.database).",
+						   outbox_database),
+				 errhint("Call it in database \"%s\".", outbox_database)));
+}
+
 static uint64
 requeue(const char *sql, int nargs, Oid *argtypes, Datum *values)
 {
@@ -77,6 +113,7 @@ requeue(const char *sql, int nargs, Oid *argtypes, Datum *values)
 Datum
 outbox_retry_failed_all(PG_FUNCTION_ARGS)
 {
+	warn_if_not_relayed_here(fcinfo);
 	PG_RETURN_INT64((int64) requeue(REQUEUE_SET, 0, NULL, NULL));
 }
 
@@ -92,6 +129,8 @@ outbox_retry_failed_one(PG_FUNCTION_ARGS)
 {
 	Oid			argtypes[1] = {UUIDOID};
 	Datum		values[1] = {PG_GETARG_DATUM(0)};
+
+	warn_if_not_relayed_here(fcinfo);
 
 	PG_RETURN_BOOL(requeue(REQUEUE_SET " AND event_id OPERATOR(pg_catalog.=) $1", 1, argtypes,
 						   values) > 0);
@@ -114,6 +153,7 @@ outbox_retry_failed_one(PG_FUNCTION_ARGS)
 Datum
 outbox_pause(PG_FUNCTION_ARGS)
 {
+	warn_if_not_relayed_here(fcinfo);
 	run("UPDATE outbox.relay SET paused = true,"
 		" paused_at = CASE WHEN paused THEN paused_at ELSE pg_catalog.clock_timestamp() END,"
 		" paused_by = CASE WHEN paused THEN paused_by ELSE session_user END",
@@ -130,6 +170,7 @@ outbox_pause(PG_FUNCTION_ARGS)
 Datum
 outbox_resume(PG_FUNCTION_ARGS)
 {
+	warn_if_not_relayed_here(fcinfo);
 	run("UPDATE outbox.relay SET paused = false, paused_at = NULL, paused_by = NULL",
 		0, NULL, NULL, false);
 	outbox_register_wakeup_at_commit(true);
@@ -158,6 +199,8 @@ outbox_replay_since(PG_FUNCTION_ARGS)
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		values[1] = {PG_GETARG_DATUM(0)};
 
+	warn_if_not_relayed_here(fcinfo);
+
 	PG_RETURN_INT64((int64) run(REPLAY_SET " AND created_at >= $1", 1, argtypes,
 								values, true));
 }
@@ -174,6 +217,8 @@ outbox_replay_range(PG_FUNCTION_ARGS)
 {
 	Oid			argtypes[2] = {INT8OID, INT8OID};
 	Datum		values[2] = {PG_GETARG_DATUM(0), PG_GETARG_DATUM(1)};
+
+	warn_if_not_relayed_here(fcinfo);
 
 	if (PG_GETARG_INT64(0) > PG_GETARG_INT64(1))
 		ereport(ERROR,

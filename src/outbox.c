@@ -36,6 +36,7 @@ _PG_init(void)
 	if (IsBinaryUpgrade)
 		return;
 
+	outbox_check_preload_order();
 	outbox_shmem_install_hooks();
 	outbox_register_worker();
 }

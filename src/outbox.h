@@ -72,6 +72,10 @@ extern bool outbox_topic_is_allowed(const char *topic);
 #define OUTBOX_ON_FAILED_SKIP	1	/* ... go on without it */
 
 extern void outbox_define_gucs(void);
+extern void outbox_check_preload_order(void);
+extern const char *outbox_kafka_properties_refusal(void);
+extern void outbox_reload_config_file(void);
+extern bool outbox_kafka_property_is_secret(const char *key);
 
 /*
  * Parsed outbox.kafka_properties: parallel arrays of keys and values,

@@ -220,20 +220,6 @@ outbox_producer_create(char **error)
 	return producer;
 }
 
-/*
- * Property names whose values must never be echoed in an error message.
- */
-static bool
-property_is_secret(const char *key)
-{
-	return strstr(key, "password") != NULL ||
-		strstr(key, "secret") != NULL ||
-		strstr(key, "sasl.oauthbearer.config") != NULL ||
-		strstr(key, "ssl.key.pem") != NULL ||
-		strstr(key, "ssl_key") != NULL ||
-		strstr(key, "sasl.username") != NULL;
-}
-
 static bool
 set_property(rd_kafka_conf_t *conf, const char *key, const char *value,
 			 char **error)
@@ -246,7 +232,7 @@ set_property(rd_kafka_conf_t *conf, const char *key, const char *value,
 		return true;
 	if (res == RD_KAFKA_CONF_UNKNOWN)
 		*error = psprintf("unknown librdkafka property \"%s\"", key);
-	else if (property_is_secret(key))
+	else if (outbox_kafka_property_is_secret(key))
 		*error = psprintf("invalid value for librdkafka property \"%s\"", key);
 	else
 		*error = psprintf("invalid value for librdkafka property \"%s\": %s",
@@ -384,6 +370,9 @@ wait_for_topic_creation(OutboxProducer *producer, TopicEntry *entry)
 	while (entry->error == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
 		   waited < TOPIC_CREATE_WAIT_MS)
 	{
+		/* interrupts are held during a batch (relay.c): look for SIGTERM */
+		if (ProcDiePending)
+			return;
 		CHECK_FOR_INTERRUPTS();
 		pg_usleep(TOPIC_CREATE_POLL_MS * 1000L);
 		waited += TOPIC_CREATE_POLL_MS;

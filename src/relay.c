@@ -35,6 +35,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
+#include "storage/procsignal.h"
 #include "storage/itemptr.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -252,6 +253,7 @@ typedef struct Batch
 static void produce_row(OutboxProducer *producer, Batch *batch,
 						HeapTuple tuple, TupleDesc tupdesc);
 static bool is_suspect(int64 id);
+static void absorb_barriers(void);
 static void set_suspect(int64 id, bool suspect);
 static bool wait_for_deliveries(OutboxProducer *producer);
 static void check_marked(uint64 changed, int expected, const char *command);
@@ -334,22 +336,35 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 							 claim_values, NULL, false);
 
 	/*
+	 * From here to the commit, SIGTERM (a fast or smart shutdown, a restart)
+	 * must not end the process mid-batch: what Kafka acknowledged would stay
+	 * unmarked and be sent again after the restart.  So interrupts are held;
+	 * on SIGTERM producing stops, the waits end at once (ProcDiePending is
+	 * checked in them), the acknowledged events are marked, and the worker
+	 * exits right after the commit.  Nothing in between waits for a lock:
+	 * the claim skips locked rows, the marks touch only rows it locked.
+	 * What else must not wait for the batch is served in the waits by hand:
+	 * the procsignal barriers that DROP DATABASE and others wait for
+	 * (absorb_barriers).
+	 */
+	HOLD_INTERRUPTS();
+
+	/*
 	 * Fetch in chunks so that a batch of large payloads never sits in memory
 	 * at once: each row is copied into librdkafka's queue (which is bounded,
 	 * see producer.c) and its SPI copy freed with the chunk.
 	 */
-	while (batch.n < outbox_batch_size && !producer->fatal)
+	while (batch.n < outbox_batch_size && !producer->fatal && !ProcDiePending)
 	{
 		uint64		i;
 
 		SPI_cursor_fetch(portal, true, CLAIM_FETCH_SIZE);
 		if (SPI_processed == 0)
 			break;
-		for (i = 0; i < SPI_processed && batch.n < outbox_batch_size; i++)
+		for (i = 0; i < SPI_processed && batch.n < outbox_batch_size && !ProcDiePending; i++)
 		{
 			MemoryContext oldcxt;
 
-			CHECK_FOR_INTERRUPTS();
 			oldcxt = MemoryContextSwitchTo(rowcxt);
 
 			produce_row(producer, &batch, SPI_tuptable->vals[i],
@@ -381,6 +396,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	RESUME_INTERRUPTS();
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	MemoryContextSwitchTo(callercxt);
@@ -662,7 +678,9 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 								 producer->wakeup_fd[0], 100, PG_WAIT_EXTENSION);
 		outbox_producer_serve(producer);
-		CHECK_FOR_INTERRUPTS();
+		absorb_barriers();
+		if (ProcDiePending)
+			return;				/* not produced: no verdict, sent again */
 	}
 
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -717,12 +735,13 @@ wait_for_deliveries(OutboxProducer *producer)
 		int			rc;
 
 		outbox_producer_serve(producer);
+		absorb_barriers();
 		if (producer->outstanding <= 0)
 		{
 			complete = true;
 			break;
 		}
-		if (producer->fatal)
+		if (producer->fatal || ProcDiePending)
 			break;
 		if (producer->all_brokers_down)
 			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
@@ -1055,6 +1074,18 @@ outbox_relay_cleanup(void)
 	pgstat_report_activity(STATE_IDLE, NULL);
 	MemoryContextSwitchTo(callercxt);
 	return deleted;
+}
+
+/*
+ * Absorb pending procsignal barriers while a batch holds interrupts (see
+ * outbox_relay_batch): DROP DATABASE of another database, among others,
+ * waits until every process has, and must not wait for Kafka.
+ */
+static void
+absorb_barriers(void)
+{
+	if (ProcSignalBarrierPending)
+		ProcessProcSignalBarrier();
 }
 
 /*

@@ -145,7 +145,7 @@ outbox_worker_main(Datum main_arg)
 	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
 
 	/* a SIGHUP that arrived before our handler was installed is not lost */
-	ProcessConfigFile(PGC_SIGHUP);
+	outbox_reload_config_file();
 
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"",
@@ -309,7 +309,7 @@ wait_for_database(void)
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
+			outbox_reload_config_file();
 		}
 	}
 }
@@ -484,6 +484,8 @@ relay_step(void)
 		return outbox_poll_interval;
 
 	outbox_relay_batch(producer, &result);
+	/* SIGTERM during the batch: it was cut short and marked; exit now */
+	CHECK_FOR_INTERRUPTS();
 
 	if (result.table_missing)
 	{
@@ -633,10 +635,16 @@ ensure_producer(void)
 {
 	char	   *error = NULL;
 
+	const char *refusal = outbox_kafka_properties_refusal();
+
 	if (producer != NULL)
 		return true;
 
-	producer = outbox_producer_create(&error);
+	if (refusal != NULL)
+		error = psprintf("outbox.kafka_properties in the configuration file was refused when the server started (%s); the relay publishes nothing without the settings it was given",
+						 refusal);
+	else
+		producer = outbox_producer_create(&error);
 	if (producer != NULL)
 	{
 		if (last_config_error != NULL)
@@ -671,7 +679,7 @@ static void
 reload_config(void)
 {
 	ConfigReloadPending = false;
-	ProcessConfigFile(PGC_SIGHUP);
+	outbox_reload_config_file();
 
 	if (producer != NULL && outbox_producer_settings_changed(producer))
 	{
@@ -732,6 +740,13 @@ outbox_enter_state(OutboxRelayState new_state, const char *error)
 								outbox_bootstrap_servers)));
 			else if (old_state == OUTBOX_STATE_PAUSED)
 				ereport(LOG, (errmsg("outbox relay resumed")));
+			else if (old_state == OUTBOX_STATE_WAITING_FOR_EXTENSION)
+				ereport(LOG,
+						(errmsg("outbox relay found the extension in database \"%s\"",
+								outbox_database)));
+			else if (old_state == OUTBOX_STATE_CONFIG_ERROR)
+				ereport(LOG,
+						(errmsg("outbox relay accepted the Kafka settings")));
 			break;
 	}
 }

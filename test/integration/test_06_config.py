@@ -11,8 +11,9 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type, query,
-                      query_one, relay_status, unique_messages, wait_until)
+from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type, pg_connect,
+                      pg_sh, query, query_one, relay_status, unique_messages, wait_relay_ready,
+                      wait_until)
 
 
 def set_conf(conn, **settings):
@@ -107,6 +108,45 @@ def test_malformed_or_reserved_kafka_properties_are_refused(env, conn):
     finally:
         conf.write_text(original)
         query(conn, "SELECT pg_reload_conf()")
+
+
+def test_refused_kafka_properties_at_server_start_stop_the_relay(env, prefix, reader_factory):
+    """PostgreSQL only warns about an invalid value in postgresql.conf at start and uses the
+    default: a relay that went on would connect without the TLS/SASL settings it was given
+    (a trial saw 'idle' and a healthy monitoring query).  It must say config_error and publish
+    nothing until a reload brings a valid value."""
+    agg_type = new_aggregate_type("badstart")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    conf = Path(env.pg_dir) / "data" / "postgresql.conf"
+    original = conf.read_text()
+    conn = None
+    try:
+        conf.write_text(original + "\noutbox.kafka_properties = 'linger.ms=5;sasl.password=S3cret;oops'\n")
+        watcher = LogWatcher(env)
+        pg_sh(env, "restart")
+        conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
+        st = wait_until(lambda: (lambda r: r[0] if r and r[0]["state"] == "config_error" else None)(
+            relay_status(conn)), 30, "state config_error after a start with a refused value")
+        assert "refused when the server started" in st["last_error"], st
+        assert "item 3 is not of the form key=value" in st["last_error"], st
+        emitted = emit_round_robin(conn, agg_type, 2, 3, "badstart")
+        conn.autocommit = True
+        time.sleep(3)
+        assert pending(conn, agg_type) == len(emitted), "published without the configured properties"
+        log = "\n".join(watcher.new_lines())
+        assert "S3cret" not in log
+        conf.write_text(original)
+        query(conn, "SELECT pg_reload_conf()")
+        deliver_all(reader, emitted)
+        assert "outbox relay accepted the Kafka settings" in "\n".join(watcher.new_lines())
+    finally:
+        conf.write_text(original)
+        if conn is not None:
+            query(conn, "SELECT pg_reload_conf()")
+            conn.close()
+        wait_relay_ready(env)
 
 
 def test_allowed_topics_with_an_empty_item_is_refused(env, conn):

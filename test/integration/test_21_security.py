@@ -277,11 +277,23 @@ def test_secret_not_in_pg_stat_statements_or_pg_stat_activity(env):
     monitor = unique("it_monitor")
     leaks = []
     try:
-        # a list: two quoted items (one quoted string would name a single library)
-        query(conn, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements', 'outbox'")
+        # the wrong order first: pg_stat_statements' hook would run before ours; the server
+        # says so when it starts (a trial found it silent)
+        # (a list: two quoted items; one quoted string would name a single library)
+        query(conn, "ALTER SYSTEM SET shared_preload_libraries = 'outbox', 'pg_stat_statements'")
         conn.close()
+        log = Log(env)
         pg_sh(env, "restart")
         conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
+        order_warnings = [ln for ln in log.lines()
+                          if "outbox is listed before pg_stat_statements in shared_preload_libraries" in ln]
+        assert len(order_warnings) == 1 and "WARNING" in order_warnings[0], order_warnings
+        query(conn, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements', 'outbox'")
+        conn.close()
+        log = Log(env)
+        pg_sh(env, "restart")
+        conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
+        assert not [ln for ln in log.lines() if "is listed before pg_stat_statements" in ln]
         query(conn, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         query(conn, f'CREATE ROLE "{monitor}" IN ROLE pg_monitor')
         setter = pg_connect(env)

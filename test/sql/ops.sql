@@ -3,6 +3,10 @@
 CREATE EXTENSION outbox;
 \set SHOW_CONTEXT never
 
+-- an operation in a database the relay does not serve warns on every call
+SELECT outbox.resume();
+SET client_min_messages = error;
+
 -- pause and resume flip the persistent switch, and record who paused
 SELECT paused, paused_at IS NULL AS no_time, paused_by IS NULL AS no_role FROM outbox.relay;
 SELECT outbox.pause();
