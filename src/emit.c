@@ -163,6 +163,29 @@ outbox_emit(PG_FUNCTION_ARGS)
 }
 
 /*
+ * outbox_relay_coverage
+ *		Does a relay publish this database's outbox?  OUTBOX_NOT_PRELOADED: no
+ *		relay runs at all (the library is not in shared_preload_libraries);
+ *		OUTBOX_OTHER_DATABASE: the relay serves outbox.database, not this one,
+ *		whose name is then returned in *dbname (palloc'd).
+ */
+OutboxRelayCoverage
+outbox_relay_coverage(char **dbname)
+{
+	char	   *name;
+
+	if (outbox_shared == NULL)
+		return OUTBOX_NOT_PRELOADED;
+	name = get_database_name(MyDatabaseId);
+	if (name != NULL && outbox_database != NULL && strcmp(name, outbox_database) != 0)
+	{
+		*dbname = name;
+		return OUTBOX_OTHER_DATABASE;
+	}
+	return OUTBOX_RELAYED;
+}
+
+/*
  * warn_if_not_relayed
  *		Once per backend, at its first event: WARNING if no relay will ever
  *		publish what this database's outbox holds.
@@ -175,20 +198,16 @@ outbox_emit(PG_FUNCTION_ARGS)
 static void
 warn_if_not_relayed(void)
 {
-	char	   *dbname;
+	char	   *dbname = NULL;
+	OutboxRelayCoverage coverage = outbox_relay_coverage(&dbname);
 
 	relay_checked = true;
-	if (outbox_shared == NULL)
-	{
+	if (coverage == OUTBOX_NOT_PRELOADED)
 		ereport(WARNING,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox events are stored but not published: the outbox library is not in shared_preload_libraries"),
 				 errhint("Add 'outbox' to shared_preload_libraries and restart the server; the events wait in outbox.events until then.")));
-		return;
-	}
-	dbname = get_database_name(MyDatabaseId);
-	if (dbname != NULL && outbox_database != NULL &&
-		strcmp(dbname, outbox_database) != 0)
+	else if (coverage == OUTBOX_OTHER_DATABASE)
 		ereport(WARNING,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox events emitted in database \"%s\" are not published", dbname),

@@ -14,10 +14,8 @@
 #include "outbox.h"
 
 #include "catalog/pg_type.h"
-#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "fmgr.h"
-#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
@@ -74,26 +72,28 @@ run(const char *sql, int nargs, Oid *argtypes, Datum *values, bool wake)
 static void
 warn_if_not_relayed_here(FunctionCallInfo fcinfo)
 {
-	char	   *function = get_func_name(fcinfo->flinfo->fn_oid);
-	char	   *dbname;
+	char	   *dbname = NULL;
 
-	if (outbox_shared == NULL)
+	switch (outbox_relay_coverage(&dbname))
 	{
-		ereport(WARNING,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox.%s() has no effect on any relay: the outbox library is not in shared_preload_libraries",
-						function)));
-		return;
+		case OUTBOX_NOT_PRELOADED:
+			ereport(WARNING,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("outbox.%s() has no effect on any relay: the outbox library is not in shared_preload_libraries",
+							get_func_name(fcinfo->flinfo->fn_oid))));
+			break;
+		case OUTBOX_OTHER_DATABASE:
+			ereport(WARNING,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("outbox.%s() in database \"%s\" has no effect on any relay",
+							get_func_name(fcinfo->flinfo->fn_oid), dbname),
+					 errdetail("The relay serves database \"%s\" only (outbox.database).",
+							   outbox_database),
+					 errhint("Call it in database \"%s\".", outbox_database)));
+			break;
+		case OUTBOX_RELAYED:
+			break;
 	}
-	dbname = get_database_name(MyDatabaseId);
-	if (dbname != NULL && outbox_database != NULL &&
-		strcmp(dbname, outbox_database) != 0)
-		ereport(WARNING,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox.%s() in database \"%s\" has no effect on any relay", function, dbname),
-				 errdetail("The relay serves database \"%s\" only (outbox.database).",
-						   outbox_database),
-				 errhint("Call it in database \"%s\".", outbox_database)));
 }
 
 static uint64

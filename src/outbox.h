@@ -158,6 +158,15 @@ typedef struct OutboxEvent
 	text	   *topic;			/* NULL: routed */
 } OutboxEvent;
 
+/* does a relay publish this database's outbox? (emit.c) */
+typedef enum OutboxRelayCoverage
+{
+	OUTBOX_RELAYED,
+	OUTBOX_NOT_PRELOADED,		/* no relay runs: not in shared_preload_libraries */
+	OUTBOX_OTHER_DATABASE		/* the relay serves outbox.database, not this one */
+} OutboxRelayCoverage;
+
+extern OutboxRelayCoverage outbox_relay_coverage(char **dbname);
 extern bool outbox_topic_is_legal(const char *topic, int len);
 extern void outbox_validate_topic(text *topic, text *aggregate_type,
 								  const char *context);
