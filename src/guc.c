@@ -84,6 +84,8 @@ static bool check_allowed_topics(char **newval, void **extra,
 								 GucSource source);
 static void assign_allowed_topics(const char *newval, void *extra);
 static void outbox_emit_log_hook(ErrorData *edata);
+static char *trim_whitespace(char *s);
+static bool split_list(char *list, List **items);
 static void outbox_process_utility(PlannedStmt *pstmt, const char *queryString,
 								   bool readOnlyTree, ProcessUtilityContext context,
 								   ParamListInfo params, QueryEnvironment *queryEnv,
@@ -267,28 +269,18 @@ check_topic_prefix(char **newval, void **extra, GucSource source)
 }
 
 /*
- * A list of host:port items separated by commas, or empty.  An empty item
- * (",,", a trailing comma) is refused: librdkafka would ignore it, and a
- * list of nothing but commas would leave the relay with no broker while
- * looking configured.  A port, when given, must be a number from 1 to
- * 65535 (librdkafka would read "kafka:notaport" as port 0 and only fail
- * to connect).  Which hosts the items name is librdkafka's business.
- */
-/*
- * True unless the bootstrap item of len bytes at item ends in ":port" with a
- * port that is not a number from 1 to 65535.  An item without a port
- * ("host", "[::1]", "SSL://host") is valid: librdkafka uses 9092.
+ * True unless the bootstrap item (trimmed) ends in ":port" with a port that
+ * is not a number from 1 to 65535.  An item without a port ("host",
+ * "[::1]", "SSL://host") is valid: librdkafka uses 9092.
  */
 static bool
-bootstrap_port_is_valid(const char *item, size_t len)
+bootstrap_port_is_valid(const char *item)
 {
-	size_t		end = len;
+	size_t		end = strlen(item);
 	size_t		colon;
 	size_t		i;
 	long		port = 0;
 
-	while (end > 0 && isspace((unsigned char) item[end - 1]))
-		end--;
 	/* the last ':' after any "scheme://" and any "[IPv6]" */
 	for (colon = end; colon > 0 && item[colon - 1] != ':' && item[colon - 1] != ']' &&
 		 item[colon - 1] != '/'; colon--)
@@ -308,35 +300,35 @@ bootstrap_port_is_valid(const char *item, size_t len)
 	return port >= 1;
 }
 
+/*
+ * A list of host:port items separated by commas, or empty.  An empty item
+ * (",,", a trailing comma) is refused: librdkafka would ignore it, and a
+ * list of nothing but commas would leave the relay with no broker while
+ * looking configured.  A port, when given, must be a number from 1 to
+ * 65535 (librdkafka would read "kafka:notaport" as port 0 and only fail
+ * to connect).  Which hosts the items name is librdkafka's business.
+ */
 static bool
 check_bootstrap_servers(char **newval, void **extra, GucSource source)
 {
-	const char *item = *newval;
+	List	   *items;
+	ListCell   *lc;
 
-	if (**newval == '\0')
-		return true;
-	for (;;)
+	if (!split_list(pstrdup(*newval), &items))
 	{
-		size_t		len = strcspn(item, ",");
-		size_t		blank = 0;
-
-		while (blank < len && isspace((unsigned char) item[blank]))
-			blank++;
-		if (blank == len)
-		{
-			GUC_check_errdetail("The list has an empty item; give host:port items separated by commas.");
-			return false;
-		}
-		if (!bootstrap_port_is_valid(item, len))
-		{
-			GUC_check_errdetail("\"%.*s\" has no valid port; give host:port with a port from 1 to 65535.",
-								(int) len, item);
-			return false;
-		}
-		if (item[len] == '\0')
-			return true;
-		item += len + 1;
+		GUC_check_errdetail("The list has an empty item; give host:port items separated by commas.");
+		return false;
 	}
+	foreach(lc, items)
+	{
+		if (!bootstrap_port_is_valid((char *) lfirst(lc)))
+		{
+			GUC_check_errdetail("\"%s\" has no valid port; give host:port with a port from 1 to 65535.",
+								(char *) lfirst(lc));
+			return false;
+		}
+	}
+	return true;
 }
 
 /*
@@ -404,6 +396,37 @@ static const char *const reserved_kafka_properties[] = {
 	"sasl.kerberos.min.time.before.relogin",
 	NULL
 };
+
+/*
+ * Split a comma-separated list in place into its items, blanks around them
+ * trimmed.  An empty list gives NIL; false if an item is empty (",,", a
+ * trailing comma, blanks only), which the lists of outbox.bootstrap_servers
+ * and outbox.allowed_topics refuse as a typo that would silently mean less
+ * (or, for allowed_topics, more) than it says.
+ */
+static bool
+split_list(char *list, List **items)
+{
+	char	   *next = list;
+
+	*items = NIL;
+	if (*list == '\0')
+		return true;
+	while (next != NULL)
+	{
+		char	   *item = next;
+		char	   *comma = strchr(item, ',');
+
+		next = comma ? comma + 1 : NULL;
+		if (comma)
+			*comma = '\0';
+		item = trim_whitespace(item);
+		if (*item == '\0')
+			return false;
+		*items = lappend(*items, item);
+	}
+	return true;
+}
 
 static char *
 trim_whitespace(char *s)
@@ -599,6 +622,19 @@ outbox_reload_config_file(void)
 }
 
 /*
+ * True if the shared_preload_libraries item name ("outbox",
+ * "$libdir/outbox", "outbox.so") names library.
+ */
+static bool
+library_is(const char *name, const char *library)
+{
+	const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+	size_t		len = strcspn(base, ".");
+
+	return len == strlen(library) && strncmp(base, library, len) == 0;
+}
+
+/*
  * outbox_check_preload_order
  *		WARNING at server start when pg_stat_statements comes after outbox in
  *		shared_preload_libraries: its ProcessUtility hook then runs before
@@ -621,13 +657,10 @@ outbox_check_preload_order(void)
 	foreach(lc, names)
 	{
 		const char *name = (const char *) lfirst(lc);
-		const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
-		size_t		len = strcspn(base, ".");
 
-		if (len == strlen("outbox") && strncmp(base, "outbox", len) == 0 && outbox_at < 0)
+		if (outbox_at < 0 && library_is(name, "outbox"))
 			outbox_at = position;
-		if (len == strlen("pg_stat_statements") &&
-			strncmp(base, "pg_stat_statements", len) == 0)
+		if (library_is(name, "pg_stat_statements"))
 			pgss_at = position;
 		position++;
 	}
@@ -648,31 +681,26 @@ outbox_check_preload_order(void)
 static bool
 check_allowed_topics(char **newval, void **extra, GucSource source)
 {
-	char	   *copy = pstrdup(*newval);
-	char	   *next = copy;
+	List	   *items;
+	ListCell   *lc;
 	size_t		len = strlen(*newval) + 2;
-	char	   *list = malloc(len);	/* the GUC machinery free()s extras */
-	char	   *out = list;
+	char	   *list;
+	char	   *out;
 
+	if (!split_list(pstrdup(*newval), &items))
+	{
+		GUC_check_errdetail("The list has an empty item; give topic names or prefixes followed by * separated by commas, or an empty string to allow every topic.");
+		return false;
+	}
+	list = malloc(len);			/* the GUC machinery free()s extras */
 	if (list == NULL)
 		return false;
-	while (*copy != '\0' && next != NULL)
+	out = list;
+	foreach(lc, items)
 	{
-		char	   *item = next;
-		char	   *comma = strchr(item, ',');
-		size_t		n;
+		char	   *item = (char *) lfirst(lc);
+		size_t		n = strlen(item);
 
-		next = comma ? comma + 1 : NULL;
-		if (comma)
-			*comma = '\0';
-		item = trim_whitespace(item);
-		n = strlen(item);
-		if (n == 0)
-		{
-			GUC_check_errdetail("The list has an empty item; give topic names or prefixes followed by * separated by commas, or an empty string to allow every topic.");
-			free(list);
-			return false;
-		}
 		if (item[n - 1] == '*' ?
 			strspn(item, TOPIC_CHARACTERS) != n - 1 || n - 1 >= OUTBOX_TOPIC_MAX_LEN :
 			!outbox_topic_is_legal(item, n))

@@ -1094,7 +1094,8 @@ absorb_barriers(void)
 static bool
 is_suspect(int64 id)
 {
-	if (suspects == NULL)
+	/* called for every claimed row: the set is empty nearly always */
+	if (suspects == NULL || hash_get_num_entries(suspects) == 0)
 		return false;
 	return hash_search(suspects, &id, HASH_FIND, NULL) != NULL;
 }

@@ -634,12 +634,12 @@ static bool
 ensure_producer(void)
 {
 	char	   *error = NULL;
-
-	const char *refusal = outbox_kafka_properties_refusal();
+	const char *refusal;
 
 	if (producer != NULL)
 		return true;
 
+	refusal = outbox_kafka_properties_refusal();
 	if (refusal != NULL)
 		error = psprintf("outbox.kafka_properties in the configuration file was refused when the server started (%s); the relay publishes nothing without the settings it was given",
 						 refusal);
