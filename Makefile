@@ -2,6 +2,10 @@
 #
 #   make && make install        build and install into the PostgreSQL that pg_config names
 #   make installcheck           pg_regress tests against a running server (see test/run.sh)
+#   make dist                   the PGXN distribution outbox-<version>.zip of the committed tree
+#
+# Any PostgreSQL from 15 to 18: make PG_CONFIG=/path/to/bin/pg_config (then make clean
+# before building for another major: object files are not major-aware).
 
 EXTENSION = outbox
 MODULE_big = outbox
@@ -37,3 +41,13 @@ EXTRA_CLEAN = test/out
 # PGXS tracks no header dependencies unless PostgreSQL was built with
 # --enable-depend: rebuild everything when a header changes.
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
+
+# PGXN distribution (META.json): a zip of HEAD named after META.json's version
+DISTVERSION = $(shell sed -n 's/^   "version": "\(.*\)",$$/\1/p' $(srcdir)/META.json)
+DISTDIR ?= .
+
+dist:
+	git archive --format=zip --prefix=$(EXTENSION)-$(DISTVERSION)/ \
+		-o $(DISTDIR)/$(EXTENSION)-$(DISTVERSION).zip HEAD
+
+.PHONY: dist

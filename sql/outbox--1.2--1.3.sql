@@ -46,6 +46,7 @@ DO $$
 DECLARE
     r record;
     acl pg_catalog.aclitem[];
+    keep pg_catalog.oid[];
 BEGIN
     FOR r IN
         SELECT ip.classoid, ip.objoid, ip.objsubid, ip.initprivs, m.priv,
@@ -81,6 +82,22 @@ BEGIN
             acl := pg_catalog.array_append(acl,
                 pg_catalog.makeaclitem('pg_monitor'::pg_catalog.regrole, r.owner, r.priv, false));
         END IF;
+        IF pg_catalog.cardinality(acl) = 0 THEN   -- aclexplode() refuses '{}'
+            keep := '{}';
+        ELSE
+            keep := ARRAY(SELECT x.grantee FROM pg_catalog.aclexplode(acl) AS x
+                          UNION SELECT x.grantor FROM pg_catalog.aclexplode(acl) AS x);
+        END IF;
+        -- PostgreSQL 17 records the roles named in pg_init_privs in pg_shdepend
+        -- (deptype 'i'): drop those of the items removed, or the roles could
+        -- never be dropped.  Before 17 there are no such rows.
+        DELETE FROM pg_catalog.pg_shdepend sd
+         WHERE sd.deptype = 'i'
+           AND sd.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
+                           WHERE d.datname = pg_catalog.current_database())
+           AND sd.classid = r.classoid AND sd.objid = r.objoid AND sd.objsubid = r.objsubid
+           AND sd.refclassid = 'pg_catalog.pg_authid'::pg_catalog.regclass
+           AND sd.refobjid <> ALL (keep);
         IF pg_catalog.cardinality(acl) = 0 THEN
             DELETE FROM pg_catalog.pg_init_privs
              WHERE classoid = r.classoid AND objoid = r.objoid AND objsubid = r.objsubid;

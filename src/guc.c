@@ -566,19 +566,21 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 		appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
 						 outbox_kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
 
-	/* the GUC machinery free()s values and extras */
-	masked = strdup(buf.data);
-	real = strdup(*newval);
+	/* the GUC machinery frees values and extras (see compat.h) */
+	masked = outbox_guc_strdup(buf.data);
+	real = outbox_guc_strdup(*newval);
 	pfree(buf.data);
 	if (masked == NULL || real == NULL)
 	{
-		free(masked);
-		free(real);
+		if (masked)
+			outbox_guc_free(masked);
+		if (real)
+			outbox_guc_free(real);
 		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
 		GUC_check_errmsg("out of memory");
 		return false;
 	}
-	free(*newval);
+	outbox_guc_free(*newval);
 	*newval = masked;
 	*extra = real;
 	return true;
@@ -692,7 +694,7 @@ check_allowed_topics(char **newval, void **extra, GucSource source)
 		GUC_check_errdetail("The list has an empty item; give topic names or prefixes followed by * separated by commas, or an empty string to allow every topic.");
 		return false;
 	}
-	list = malloc(len);			/* the GUC machinery free()s extras */
+	list = outbox_guc_malloc(len);	/* the GUC machinery frees extras */
 	if (list == NULL)
 		return false;
 	out = list;
@@ -706,7 +708,7 @@ check_allowed_topics(char **newval, void **extra, GucSource source)
 			!outbox_topic_is_legal(item, n))
 		{
 			GUC_check_errdetail("\"%s\" is neither a legal Kafka topic name nor a prefix followed by *.", item);
-			free(list);
+			outbox_guc_free(list);
 			return false;
 		}
 		memcpy(out, item, n + 1);

@@ -18,6 +18,8 @@
 
 #include "postgres.h"
 
+#include "compat.h"
+
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 #include "utils/uuid.h"
@@ -134,6 +136,23 @@ typedef struct OutboxShared
 } OutboxShared;
 
 extern OutboxShared *outbox_shared;
+
+/*
+ * What the relay waits for, shown as pg_stat_activity.wait_event on
+ * PostgreSQL 17 and later (see outbox_wait_event).
+ */
+typedef enum OutboxWait
+{
+	OUTBOX_WAIT_IDLE = 0,		/* OutboxIdle: nothing to send, until a commit */
+	OUTBOX_WAIT_DATABASE,		/* OutboxWaitForDatabase */
+	OUTBOX_WAIT_PAUSED,			/* OutboxPaused: outbox.pause() */
+	OUTBOX_WAIT_ERROR_BACKOFF,	/* OutboxErrorBackoff: after an ERROR */
+	OUTBOX_WAIT_QUEUE_FULL,		/* OutboxProducerQueueFull */
+	OUTBOX_WAIT_DELIVERY,		/* OutboxDeliveryReports: Kafka's acks */
+	OUTBOX_WAIT_COUNT
+} OutboxWait;
+
+extern uint32 outbox_wait_event(OutboxWait wait);
 
 extern void outbox_shmem_install_hooks(void);
 extern void outbox_shared_register_worker(void);

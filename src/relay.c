@@ -676,7 +676,8 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 		   RD_KAFKA_RESP_ERR__QUEUE_FULL)
 	{
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-								 producer->wakeup_fd[0], 100, PG_WAIT_EXTENSION);
+								 producer->wakeup_fd[0], 100,
+								 outbox_wait_event(OUTBOX_WAIT_QUEUE_FULL));
 		outbox_producer_serve(producer);
 		absorb_barriers();
 		if (ProcDiePending)
@@ -761,7 +762,8 @@ wait_for_deliveries(OutboxProducer *producer)
 		rc = WaitLatchOrSocket(MyLatch,
 							   WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT |
 							   WL_EXIT_ON_PM_DEATH,
-							   producer->wakeup_fd[0], 100, PG_WAIT_EXTENSION);
+							   producer->wakeup_fd[0], 100,
+							   outbox_wait_event(OUTBOX_WAIT_DELIVERY));
 		if (rc & WL_LATCH_SET)
 		{
 			ResetLatch(MyLatch);

@@ -251,3 +251,32 @@ outbox_control_seq(void)
 	SpinLockRelease(&outbox_shared->mutex);
 	return seq;
 }
+
+/* names of the OutboxWait values, in their order */
+static const char *const wait_event_names[OUTBOX_WAIT_COUNT] = {
+	"OutboxIdle",
+	"OutboxWaitForDatabase",
+	"OutboxPaused",
+	"OutboxErrorBackoff",
+	"OutboxProducerQueueFull",
+	"OutboxDeliveryReports",
+};
+
+/*
+ * outbox_wait_event
+ *		The wait_event_info for WaitLatch() while the relay waits for one
+ *		OutboxWait reason.  On PostgreSQL 17 and later it names the reason in
+ *		pg_stat_activity (wait_event_type "Extension", wait_event e.g.
+ *		"OutboxIdle"); before 17 it is the generic "Extension".  Registered
+ *		in shared memory on first use, then cached for the process's life.
+ */
+uint32
+outbox_wait_event(OutboxWait wait)
+{
+	static uint32 wait_events[OUTBOX_WAIT_COUNT];
+
+	Assert(wait >= 0 && wait < OUTBOX_WAIT_COUNT);
+	if (wait_events[wait] == 0)
+		wait_events[wait] = outbox_new_wait_event(wait_event_names[wait]);
+	return wait_events[wait];
+}

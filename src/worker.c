@@ -69,8 +69,8 @@ static int	error_backoff_ms = 0;
 static bool cleanup_failing = false;
 
 static void connect_to_database(void);
-static void wait_for_database(void) pg_attribute_noreturn();
-static void relay_loop(void) pg_attribute_noreturn();
+pg_noreturn static void wait_for_database(void);
+pg_noreturn static void relay_loop(void);
 static long relay_step(void);
 static bool ensure_producer(void);
 static void reload_config(void);
@@ -78,7 +78,8 @@ static void destroy_producer_at_exit(int code, Datum arg);
 static void recover_from_error(void);
 static void delete_expired_events(void);
 static const char *connection_obstacle(void);
-static void wait_out(long ms, bool control_ends_it, uint32 control_seq);
+static void wait_out(long ms, OutboxWait wait, bool control_ends_it,
+					 uint32 control_seq);
 
 /*
  * outbox_register_worker
@@ -304,7 +305,8 @@ wait_for_database(void)
 		else
 			pfree((char *) obstacle);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 Max(outbox_poll_interval, 1000), PG_WAIT_EXTENSION);
+						 Max(outbox_poll_interval, 1000),
+						 outbox_wait_event(OUTBOX_WAIT_DATABASE));
 		ResetLatch(MyLatch);
 		if (ConfigReloadPending)
 		{
@@ -355,7 +357,7 @@ relay_loop(void)
 		 */
 		if (state == OUTBOX_STATE_PAUSED)
 		{
-			wait_out(sleep_ms, true, control_seq);
+			wait_out(sleep_ms, OUTBOX_WAIT_PAUSED, true, control_seq);
 			if (producer != NULL)
 				outbox_producer_serve(producer);
 			continue;
@@ -366,7 +368,7 @@ relay_loop(void)
 			events |= WL_SOCKET_READABLE;
 		rc = WaitLatchOrSocket(MyLatch, events,
 							   producer ? producer->wakeup_fd[0] : PGINVALID_SOCKET,
-							   sleep_ms, PG_WAIT_EXTENSION);
+							   sleep_ms, outbox_wait_event(OUTBOX_WAIT_IDLE));
 		if (rc & WL_LATCH_SET)
 			ResetLatch(MyLatch);
 		if (producer != NULL)
@@ -415,7 +417,7 @@ recover_from_error(void)
 
 	error_backoff_ms = error_backoff_ms == 0 ? ERROR_BACKOFF_MIN_MS :
 		Min(error_backoff_ms * 2, ERROR_BACKOFF_MAX_MS);
-	wait_out(error_backoff_ms, false, 0);
+	wait_out(error_backoff_ms, OUTBOX_WAIT_ERROR_BACKOFF, false, 0);
 }
 
 /*
@@ -424,10 +426,10 @@ recover_from_error(void)
  * say) must not fail once per commit.  Only SIGTERM (by way of
  * CHECK_FOR_INTERRUPTS), SIGHUP (the fix may be a new setting) and, if
  * control_ends_it, a control commit after control_seq was read (resume(),
- * see outbox_wake_worker) cut it short.
+ * see outbox_wake_worker) cut it short.  pg_stat_activity shows wait.
  */
 static void
-wait_out(long ms, bool control_ends_it, uint32 control_seq)
+wait_out(long ms, OutboxWait wait, bool control_ends_it, uint32 control_seq)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
 
@@ -444,7 +446,7 @@ wait_out(long ms, bool control_ends_it, uint32 control_seq)
 		if (left <= 0)
 			break;
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 left, PG_WAIT_EXTENSION);
+						 left, outbox_wait_event(wait));
 		ResetLatch(MyLatch);
 	}
 }

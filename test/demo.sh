@@ -3,8 +3,9 @@
 # Kafka broker and a local Postgres cluster, run a sample order workload (orders + order lines +
 # outbox.emit() in the same transactions, some rolled back), and show the events arriving in Kafka.
 #
-# Usage: test/demo.sh          run the demo; the servers keep running afterwards
-#        test/demo.sh stop     stop the demo's Postgres and Kafka
+# Usage: test/demo.sh                      run the demo; the servers keep running afterwards
+#        OUTBOX_PG_MAJOR=17 test/demo.sh   the same on PostgreSQL 17 (15, 16, 17 or 18; default 15)
+#        test/demo.sh stop                 stop the demo's Postgres and Kafka
 #
 # Postgres: 127.0.0.1:54329 (/tmp/outbox-pg), Kafka: 127.0.0.1:19092 (/tmp/outbox-kafka).
 set -euo pipefail
@@ -20,6 +21,7 @@ fi
 
 export OUTBOX_KAFKA=127.0.0.1:19092
 eval "$(test/env/pg.sh env)"
+MAJOR="${OUTBOX_PG_MAJOR:-15}"
 SUDO=()
 [[ $(id -u) -eq 0 ]] || SUDO=(sudo)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -27,9 +29,13 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "1/6 packages"
 test/env/deps.sh
 
-step "2/6 build and install the extension"
+step "2/6 build and install the extension into PostgreSQL $MAJOR"
+# 15 is Debian's; 16 to 18 are fetched once from PyPI (test/env/pgmajor.sh)
+PATH="$(test/env/pgmajor.sh "$MAJOR"):$PATH"
+export PATH
+make -s clean
 make -s
-"${SUDO[@]}" make -s install
+"${SUDO[@]}" env PATH="$PATH" make -s install
 
 step "3/6 start Kafka (KRaft, single node) and Postgres (shared_preload_libraries = 'outbox')"
 test/env/kafka.sh start

@@ -9,7 +9,7 @@ PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-contrib
     librdkafka-dev
     postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
-    kcat
+    kcat patchelf
     python3 python3-psycopg2 python3-psycopg python3-confluent-kafka python3-pytest
     openjdk-17-jre-headless maven
 )

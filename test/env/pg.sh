@@ -19,6 +19,9 @@
 #   OUTBOX_KAFKA         127.0.0.1:19092    outbox.bootstrap_servers ('' leaves the relay unconfigured)
 #   OUTBOX_PG_FRESH      0                  1: wipe the cluster before start
 #
+# The PostgreSQL is the one whose pg_config comes first on PATH (test/env/pgmajor.sh prints the
+# bin directory of each major).  A cluster of another major in the directory is re-created.
+#
 # initdb and postgres refuse to run as root; as root the cluster runs as the user "postgres"
 # (created by Debian's postgresql package), otherwise as whoever runs this script.
 set -euo pipefail
@@ -90,6 +93,13 @@ EOF
 
 start() {
     [[ "${OUTBOX_PG_FRESH:-0}" = 1 ]] && reset
+    local major
+    major=$("$BINDIR/pg_config" --version | sed -E 's/[^0-9]*([0-9]+).*/\1/')
+    if [[ -f "$DATA/PG_VERSION" && "$(cat "$DATA/PG_VERSION")" != "$major" ]]; then
+        # a throw-away cluster of another major (OUTBOX_PG_MAJOR changed): start anew
+        log "the cluster in $DIR is PostgreSQL $(cat "$DATA/PG_VERSION"), this is $major: re-creating it"
+        reset
+    fi
     if running; then log "already running on port $PORT"; return 0; fi
     [[ -f "$DATA/PG_VERSION" ]] || init_cluster
     touch "$LOG" 2>/dev/null || true

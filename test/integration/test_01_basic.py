@@ -6,7 +6,7 @@ import psycopg2
 import pytest
 
 from conftest import (assert_no_problems, create_topics, delivery_errors, emit, event_rows, message_problems,
-                      new_aggregate_type, query_one, relay_status, wait_until)
+                      new_aggregate_type, query, query_one, relay_status, wait_until)
 
 
 def test_tombstone_and_event_fields(env, conn, prefix, reader_factory):
@@ -167,3 +167,29 @@ def test_status_shows_worker(env, conn, prefix, reader_factory):
     assert after["state"] in ("idle", "publishing"), after
     # with nothing left to do, the relay settles in idle
     wait_until(lambda: relay_status(conn)[0]["state"] == "idle", 10, "state idle")
+
+
+def test_wait_events_name_what_the_relay_waits_for(conn):
+    """pg_stat_activity shows what the relay waits for: from PostgreSQL 17 on by name
+    (custom wait events), before 17 as the generic "Extension"."""
+    major = query_one(conn, "SELECT current_setting('server_version_num')::int / 10000")[0]
+    pid = wait_until(lambda: relay_status(conn) and relay_status(conn)[0]["pid"], 30, "a relay")
+
+    def wait_event():
+        row = query_one(conn, "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
+                        (pid,))
+        return row if row and row[1] is not None else None
+
+    idle = "OutboxIdle" if major >= 17 else "Extension"
+    paused = "OutboxPaused" if major >= 17 else "Extension"
+    wait_until(lambda: wait_event() == ("Extension", idle), 30, f"the idle relay to wait on {idle}")
+    query_one(conn, "SELECT outbox.pause()")
+    try:
+        wait_until(lambda: wait_event() == ("Extension", paused), 30,
+                   f"the paused relay to wait on {paused}")
+    finally:
+        query_one(conn, "SELECT outbox.resume()")
+    wait_until(lambda: wait_event() == ("Extension", idle), 30, f"the resumed relay to wait on {idle}")
+    if major >= 17:
+        names = {r[0] for r in query(conn, "SELECT name FROM pg_wait_events WHERE type = 'Extension'")}
+        assert {"OutboxIdle", "OutboxPaused"} <= names, names

@@ -160,6 +160,9 @@ BEGIN
     RAISE NOTICE 'the cast runs as %', current_user;
     EXECUTE 'ALTER ROLE capture_owner SUPERUSER';
     RETURN to_json($1::text);
+EXCEPTION WHEN insufficient_privilege THEN
+    -- PostgreSQL 16 reworded this error: re-raise it with a text of our own
+    RAISE EXCEPTION 'ALTER ROLE refused (SQLSTATE %)', SQLSTATE USING ERRCODE = SQLSTATE;
 END $$;
 CREATE CAST (cap_evil.e AS json) WITH FUNCTION cap_evil.evil(cap_evil.e);
 CREATE TABLE cap_evil.t (id int PRIMARY KEY, v cap_evil.e);

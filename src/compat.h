@@ -1,0 +1,60 @@
+/*-------------------------------------------------------------------------
+ *
+ * compat.h
+ *	  The differences between the PostgreSQL majors outbox supports (15 to
+ *	  18), in one place.  Each #if names the release that changed what.
+ *
+ * Every other file is written against the newest API and includes this
+ * header (through outbox.h) instead of testing PG_VERSION_NUM itself.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_COMPAT_H
+#define OUTBOX_COMPAT_H
+
+#include "postgres.h"
+
+#if PG_VERSION_NUM < 150000
+#error "outbox needs PostgreSQL 15 or later"
+#endif
+
+/*
+ * PostgreSQL 16 keeps GUC string values and check-hook extras in a memory
+ * context of its own: a check hook that replaces *newval or sets *extra must
+ * allocate them with guc_malloc()/guc_strdup() and release them with
+ * guc_free(); the libc functions make the postmaster abort at start.  15
+ * free()s them with libc.  With elevel LOG both return NULL on failure
+ * instead of throwing, as a check hook needs.
+ */
+#if PG_VERSION_NUM >= 160000
+#define outbox_guc_malloc(size)		guc_malloc(LOG, (size))
+#define outbox_guc_strdup(s)		guc_strdup(LOG, (s))
+#define outbox_guc_free(p)			guc_free(p)
+#else
+#define outbox_guc_malloc(size)		malloc(size)
+#define outbox_guc_strdup(s)		strdup(s)
+#define outbox_guc_free(p)			free(p)
+#endif
+
+/*
+ * PostgreSQL 18 dropped pg_attribute_noreturn(), written after the
+ * declarator, for pg_noreturn, written before the declaration.  Before 18
+ * the attribute is accepted in that place too.
+ */
+#ifndef pg_noreturn
+#define pg_noreturn pg_attribute_noreturn()
+#endif
+
+/*
+ * PostgreSQL 17 lets an extension name its wait events
+ * (WaitEventExtensionNew): pg_stat_activity.wait_event then says what the
+ * relay waits for instead of the generic "Extension" that 15 and 16 show.
+ */
+#include "utils/wait_event.h"
+#if PG_VERSION_NUM >= 170000
+#define outbox_new_wait_event(name)	WaitEventExtensionNew(name)
+#else
+#define outbox_new_wait_event(name)	((void) (name), PG_WAIT_EXTENSION)
+#endif
+
+#endif							/* OUTBOX_COMPAT_H */
