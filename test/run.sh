@@ -197,12 +197,12 @@ run_major() {
 
 say "packages"
 test/env/deps.sh
+mkdir -p test/out
 if want build; then
     make -C test/mock clean >/dev/null
     make -C test/mock 2>&1 | tee test/out/mock-build.log
     if grep -E 'warning:|error:' test/out/mock-build.log; then FAILED+=("mock build"); fi
 fi
-mkdir -p test/out
 
 for major in "${MAJORS[@]}"; do
     # a subshell per major: PATH and the tree's pg_config stay with it
