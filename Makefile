@@ -9,17 +9,20 @@
 
 EXTENSION = outbox
 MODULE_big = outbox
+# in data-path order: start-up, settings, the write side, the relay
+# process, the state both sides share
 OBJS = \
 	src/outbox.o \
 	src/guc.o \
-	src/shmem.o \
+	src/topic.o \
 	src/emit.o \
-	src/status.o \
-	src/ops.o \
 	src/capture.o \
-	src/producer.o \
+	src/ops.o \
+	src/worker.o \
 	src/relay.o \
-	src/worker.o
+	src/producer.o \
+	src/shmem.o \
+	src/status.o
 
 DATA = $(wildcard sql/outbox--*.sql)
 PGFILEDESC = "outbox - transactional outbox relayed to Apache Kafka"

@@ -15,6 +15,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "topic.h"
 
 #include "access/xact.h"
 #include "commands/dbcommands.h"
@@ -45,38 +46,7 @@ static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
 static void validate_headers(Jsonb *headers);
 static void check_length(text *value, const char *name, int max,
 						 const char *context);
-static bool topic_is_internal(const char *name);
 static const char *jsonb_type_name(JsonbValue *v);
-
-/*
- * outbox_topic_is_legal
- *		True if the len bytes at topic form a topic name Kafka accepts:
- *		1 to 249 characters of [a-zA-Z0-9._-], and not "." or "..".
- *
- * This is Kafka's own rule (org.apache.kafka.common.internals.Topic).  The
- * relay checks routed names again at publish time, because the prefix may
- * have changed since the event was emitted.
- */
-bool
-outbox_topic_is_legal(const char *topic, int len)
-{
-	int			i;
-
-	if (len < 1 || len > OUTBOX_TOPIC_MAX_LEN)
-		return false;
-	if ((len == 1 && topic[0] == '.') ||
-		(len == 2 && topic[0] == '.' && topic[1] == '.'))
-		return false;
-	for (i = 0; i < len; i++)
-	{
-		char		c = topic[i];
-
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
-			return false;
-	}
-	return true;
-}
 
 /*
  * outbox_register_wakeup_at_commit
@@ -293,25 +263,6 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 }
 
 /*
- * Kafka's internal topics: a producer cannot write to them, so an event
- * for one could only ever become a dead letter.
- */
-static bool
-topic_is_internal(const char *name)
-{
-	static const char *const internal[] = {
-		"__consumer_offsets", "__transaction_state", "__share_group_state",
-		"__cluster_metadata", NULL
-	};
-	int			i;
-
-	for (i = 0; internal[i] != NULL; i++)
-		if (strcmp(name, internal[i]) == 0)
-			return true;
-	return false;
-}
-
-/*
  * An aggregate type or id longer than max bytes would fail later, in the
  * relay's index (see OUTBOX_AGGREGATE_ID_MAX_BYTES): refuse it now.
  */
@@ -450,8 +401,8 @@ outbox_validate_topic(text *topic, text *aggregate_type, const char *context)
 	}
 	else
 	{
-		name = psprintf("%s%s", outbox_topic_prefix,
-						text_to_cstring(aggregate_type));
+		name = outbox_routed_topic(outbox_topic_prefix,
+								   text_to_cstring(aggregate_type));
 		if (!outbox_topic_is_legal(name, strlen(name)))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -463,13 +414,13 @@ outbox_validate_topic(text *topic, text *aggregate_type, const char *context)
 							 outbox_topic_prefix)));
 	}
 
-	if (topic_is_internal(name))
+	if (outbox_topic_is_internal(name))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%stopic \"%s\" is internal to Kafka", context, name),
 				 errdetail("Kafka refuses to take events for its internal topics.")));
 
-	if (!outbox_topic_is_allowed(name))
+	if (!outbox_topic_list_allows(outbox_allowed_topic_list, name))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("%stopic \"%s\" is not allowed", context, name),

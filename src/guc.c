@@ -11,6 +11,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "topic.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -61,12 +62,8 @@ int			outbox_on_failed_event = OUTBOX_ON_FAILED_HOLD;
 char	   *outbox_allowed_topics = NULL;
 char	   *outbox_role = NULL;
 
-/* characters Kafka allows in topic names */
-#define TOPIC_CHARACTERS \
-	"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
-
-/* parsed outbox.allowed_topics: entries separated by '\0', ending in "\0\0" */
-static const char *allowed_topic_list = NULL;
+/* parsed outbox.allowed_topics (see outbox_topic_list_pack), the GUC's extra */
+const char *outbox_allowed_topic_list = NULL;
 
 static const struct config_enum_entry on_failed_event_options[] = {
 	{"hold", OUTBOX_ON_FAILED_HOLD, false},
@@ -242,24 +239,20 @@ outbox_define_gucs(void)
 
 /*
  * The prefix is part of every routed topic name, so it may only contain
- * characters Kafka accepts in topic names.  Length is checked per event,
- * together with the aggregate type.
+ * characters Kafka accepts in topic names, and must leave room for the
+ * aggregate type.  The whole name is checked per event.
  */
 static bool
 check_topic_prefix(char **newval, void **extra, GucSource source)
 {
-	const char *p;
+	size_t		len = strlen(*newval);
 
-	for (p = *newval; *p; p++)
+	if (!outbox_topic_chars_are_legal(*newval, len))
 	{
-		if (!(isalnum((unsigned char) *p) || *p == '.' || *p == '_' || *p == '-') ||
-			IS_HIGHBIT_SET(*p))
-		{
-			GUC_check_errdetail("Topic names may only contain ASCII letters, digits, '.', '_' and '-'.");
-			return false;
-		}
+		GUC_check_errdetail("Topic names may only contain ASCII letters, digits, '.', '_' and '-'.");
+		return false;
 	}
-	if (strlen(*newval) >= OUTBOX_TOPIC_MAX_LEN)
+	if (!outbox_topic_prefix_is_legal(*newval, len))
 	{
 		GUC_check_errdetail("The prefix leaves no room for the aggregate type in a topic name of at most %d characters.",
 							OUTBOX_TOPIC_MAX_LEN);
@@ -684,37 +677,25 @@ static bool
 check_allowed_topics(char **newval, void **extra, GucSource source)
 {
 	List	   *items;
-	ListCell   *lc;
-	size_t		len = strlen(*newval) + 2;
 	char	   *list;
-	char	   *out;
+	const char *bad;
 
 	if (!split_list(pstrdup(*newval), &items))
 	{
 		GUC_check_errdetail("The list has an empty item; give topic names or prefixes followed by * separated by commas, or an empty string to allow every topic.");
 		return false;
 	}
-	list = outbox_guc_malloc(len);	/* the GUC machinery frees extras */
+	/* the GUC machinery frees extras */
+	list = outbox_guc_malloc(strlen(*newval) + 2);
 	if (list == NULL)
 		return false;
-	out = list;
-	foreach(lc, items)
+	bad = outbox_topic_list_pack(items, list);
+	if (bad != NULL)
 	{
-		char	   *item = (char *) lfirst(lc);
-		size_t		n = strlen(item);
-
-		if (item[n - 1] == '*' ?
-			strspn(item, TOPIC_CHARACTERS) != n - 1 || n - 1 >= OUTBOX_TOPIC_MAX_LEN :
-			!outbox_topic_is_legal(item, n))
-		{
-			GUC_check_errdetail("\"%s\" is neither a legal Kafka topic name nor a prefix followed by *.", item);
-			outbox_guc_free(list);
-			return false;
-		}
-		memcpy(out, item, n + 1);
-		out += n + 1;
+		GUC_check_errdetail("\"%s\" is neither a legal Kafka topic name nor a prefix followed by *.", bad);
+		outbox_guc_free(list);
+		return false;
 	}
-	*out = '\0';
 	*extra = list;
 	return true;
 }
@@ -722,30 +703,7 @@ check_allowed_topics(char **newval, void **extra, GucSource source)
 static void
 assign_allowed_topics(const char *newval, void *extra)
 {
-	allowed_topic_list = (const char *) extra;
-}
-
-/*
- * outbox_topic_is_allowed
- *		True if outbox.allowed_topics is empty, names this topic, or has an
- *		entry "prefix*" that the topic starts with.
- */
-bool
-outbox_topic_is_allowed(const char *topic)
-{
-	const char *entry;
-
-	if (allowed_topic_list == NULL || allowed_topic_list[0] == '\0')
-		return true;
-	for (entry = allowed_topic_list; *entry; entry += strlen(entry) + 1)
-	{
-		size_t		n = strlen(entry);
-
-		if (entry[n - 1] == '*' ? strncmp(topic, entry, n - 1) == 0
-			: strcmp(topic, entry) == 0)
-			return true;
-	}
-	return false;
+	outbox_allowed_topic_list = (const char *) extra;
 }
 
 /*

@@ -66,8 +66,7 @@ extern int	outbox_max_attempts;		/* permanent failures before "failed" */
 extern int	outbox_on_failed_event;		/* OUTBOX_ON_FAILED_* */
 extern char *outbox_allowed_topics;	/* topics emit() accepts; '' = all */
 extern char *outbox_role;				/* role the relay runs as; '' = superuser */
-
-extern bool outbox_topic_is_allowed(const char *topic);
+extern const char *outbox_allowed_topic_list;	/* outbox.allowed_topics, parsed */
 
 /* outbox.on_failed_event: later events of a failed event's aggregate ... */
 #define OUTBOX_ON_FAILED_HOLD	0	/* ... wait behind it */
@@ -186,7 +185,6 @@ typedef enum OutboxRelayCoverage
 } OutboxRelayCoverage;
 
 extern OutboxRelayCoverage outbox_relay_coverage(char **dbname);
-extern bool outbox_topic_is_legal(const char *topic, int len);
 extern void outbox_validate_topic(text *topic, text *aggregate_type,
 								  const char *context);
 extern pg_uuid_t *outbox_insert_event(const OutboxEvent *event,

@@ -23,6 +23,7 @@
  */
 #include "outbox.h"
 #include "relay.h"
+#include "topic.h"
 
 #include "access/xact.h"
 #include "catalog/namespace.h"
@@ -594,7 +595,7 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 
 	topic = text_column(tuple, tupdesc, COL_TOPIC, &isnull);
 	if (topic == NULL)
-		topic = psprintf("%s%s", outbox_topic_prefix, aggregate_type);
+		topic = outbox_routed_topic(outbox_topic_prefix, aggregate_type);
 	if (!outbox_topic_is_legal(topic, strlen(topic)))
 	{
 		entry_failed(batch, entry, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION,
