@@ -155,11 +155,6 @@ extern uint32 outbox_wait_event(OutboxWait wait);
 
 extern void outbox_shmem_install_hooks(void);
 extern void outbox_shared_register_worker(void);
-extern void outbox_shared_set_state(OutboxRelayState state);
-extern void outbox_shared_set_error(const char *error);
-extern void outbox_shared_count(int64 published, int64 failed,
-								int64 delivery_errors);
-extern const char *outbox_state_name(OutboxRelayState state);
 extern void outbox_wake_worker(bool control);
 extern uint32 outbox_control_seq(void);
 
@@ -195,7 +190,6 @@ extern void outbox_register_wakeup_at_commit(bool control);
  * worker.c
  */
 extern void outbox_register_worker(void);
-extern void outbox_enter_state(OutboxRelayState new_state, const char *error);
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
 #endif							/* OUTBOX_H */

@@ -23,6 +23,7 @@
  */
 #include "outbox.h"
 #include "relay.h"
+#include "status.h"
 #include "topic.h"
 
 #include "access/xact.h"

@@ -4,10 +4,10 @@
  *	  Shared-memory state of the relay worker.
  *
  * One small struct, protected by a spinlock, holds what the worker wants
- * others to see (state, counters, last error) and what others need to reach
- * the worker (its latch, so a committing transaction can wake it).  The
- * worker only ever holds the spinlock for a few instructions, so reading the
- * status from SQL can never block the relay.
+ * others to see (state, counters, last error, written by status.c) and what
+ * others need to reach the worker (its latch, so a committing transaction
+ * can wake it).  The worker only ever holds the spinlock for a few
+ * instructions, so reading the status from SQL can never block the relay.
  *
  * It exists only when the library is in shared_preload_libraries; without it
  * outbox_shared stays NULL and every function here is a no-op.
@@ -116,92 +116,6 @@ outbox_shared_unregister_worker(int code, Datum arg)
 		outbox_shared->database_oid = InvalidOid;
 	}
 	SpinLockRelease(&outbox_shared->mutex);
-}
-
-/*
- * outbox_shared_set_state
- *		Record the worker's state for outbox.status.
- */
-void
-outbox_shared_set_state(OutboxRelayState state)
-{
-	if (outbox_shared == NULL)
-		return;
-	SpinLockAcquire(&outbox_shared->mutex);
-	outbox_shared->state = state;
-	SpinLockRelease(&outbox_shared->mutex);
-}
-
-/*
- * outbox_shared_set_error
- *		Record the last error (truncated to OUTBOX_ERROR_LEN - 1 bytes) and
- *		its time.  The caller makes sure it holds no secret.
- */
-void
-outbox_shared_set_error(const char *error)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	if (outbox_shared == NULL)
-		return;
-	SpinLockAcquire(&outbox_shared->mutex);
-	strlcpy(outbox_shared->last_error, error, OUTBOX_ERROR_LEN);
-	outbox_shared->last_error_at = now;
-	SpinLockRelease(&outbox_shared->mutex);
-}
-
-/*
- * outbox_shared_count
- *		Add a batch's acknowledged events, events marked failed and failed
- *		delivery attempts to the counters.
- */
-void
-outbox_shared_count(int64 published, int64 failed, int64 delivery_errors)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	if (outbox_shared == NULL)
-		return;
-	SpinLockAcquire(&outbox_shared->mutex);
-	outbox_shared->published += published;
-	outbox_shared->failed += failed;
-	outbox_shared->delivery_errors += delivery_errors;
-	if (published > 0)
-		outbox_shared->last_publish_at = now;
-	SpinLockRelease(&outbox_shared->mutex);
-}
-
-/*
- * outbox_state_name
- *		The name outbox.status shows for a state.
- */
-const char *
-outbox_state_name(OutboxRelayState state)
-{
-	switch (state)
-	{
-		case OUTBOX_STATE_STARTING:
-			return "starting";
-		case OUTBOX_STATE_WAITING_FOR_DATABASE:
-			return "waiting_for_database";
-		case OUTBOX_STATE_WAITING_FOR_EXTENSION:
-			return "waiting_for_extension";
-		case OUTBOX_STATE_NOT_CONFIGURED:
-			return "not_configured";
-		case OUTBOX_STATE_CONFIG_ERROR:
-			return "config_error";
-		case OUTBOX_STATE_IDLE:
-			return "idle";
-		case OUTBOX_STATE_PUBLISHING:
-			return "publishing";
-		case OUTBOX_STATE_BROKER_DOWN:
-			return "broker_down";
-		case OUTBOX_STATE_PAUSED:
-			return "paused";
-		case OUTBOX_STATE_ERROR:
-			return "error";
-	}
-	return "unknown";
 }
 
 /*

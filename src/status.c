@@ -1,11 +1,19 @@
 /*-------------------------------------------------------------------------
  *
  * status.c
- *	  outbox.worker_status(): the relay worker's shared-memory state as SQL.
+ *	  The relay's state machine as seen from outside, and
+ *	  outbox.worker_status().
+ *
+ * The relay worker (worker.c, and relay.c while it waits for Kafka) moves
+ * between the states of OutboxRelayState with outbox_enter_state(), which
+ * logs each change that matters to a DBA once, not once per event or batch.
+ * The state, the counters and the last error are copied into shared memory
+ * (shmem.c), where outbox.worker_status() reads them.
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "status.h"
 
 #include "fmgr.h"
 #include "funcapi.h"
@@ -14,6 +22,169 @@
 #include "utils/tuplestore.h"
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
+
+/* the relay worker's state; the copy in shared memory is for others */
+static OutboxRelayState current_state = OUTBOX_STATE_STARTING;
+
+static void set_shared_state(OutboxRelayState state);
+static const char *state_name(OutboxRelayState state);
+
+/*
+ * outbox_enter_state
+ *		Change the relay's state (shown by outbox.status) and log the
+ *		changes that matter to a DBA, each once: the broker going away and
+ *		coming back, the relay waiting for its extension, no configuration.
+ *		error, if not NULL, becomes the status' last error.
+ */
+void
+outbox_enter_state(OutboxRelayState new_state, const char *error)
+{
+	OutboxRelayState old_state = current_state;
+
+	if (new_state == old_state)
+		return;
+	current_state = new_state;
+	set_shared_state(new_state);
+	if (error != NULL)
+		outbox_status_set_error(error);
+
+	switch (new_state)
+	{
+		case OUTBOX_STATE_BROKER_DOWN:
+			ereport(WARNING,
+					(errmsg("outbox relay cannot deliver events to Kafka at \"%s\"",
+							outbox_bootstrap_servers),
+					 errdetail("%s", error ? error : "all brokers are down"),
+					 errhint("Events stay in outbox.events and are retried; this is logged again only once Kafka is reachable.")));
+			break;
+		case OUTBOX_STATE_NOT_CONFIGURED:
+			ereport(LOG,
+					(errmsg("outbox relay is idle: outbox.bootstrap_servers is empty"),
+					 errhint("Set outbox.bootstrap_servers in postgresql.conf and reload the configuration.")));
+			break;
+		case OUTBOX_STATE_WAITING_FOR_EXTENSION:
+			ereport(LOG,
+					(errmsg("outbox relay is waiting for CREATE EXTENSION outbox in database \"%s\"",
+							outbox_database)));
+			break;
+		case OUTBOX_STATE_PAUSED:
+			ereport(LOG,
+					(errmsg("outbox relay is paused"),
+					 errdetail("Events wait in outbox.events until SELECT outbox.resume().")));
+			break;
+		default:
+			if (old_state == OUTBOX_STATE_BROKER_DOWN)
+				ereport(LOG,
+						(errmsg("outbox relay reached Kafka again at \"%s\"",
+								outbox_bootstrap_servers)));
+			else if (old_state == OUTBOX_STATE_PAUSED)
+				ereport(LOG, (errmsg("outbox relay resumed")));
+			else if (old_state == OUTBOX_STATE_WAITING_FOR_EXTENSION)
+				ereport(LOG,
+						(errmsg("outbox relay found the extension in database \"%s\"",
+								outbox_database)));
+			else if (old_state == OUTBOX_STATE_CONFIG_ERROR)
+				ereport(LOG,
+						(errmsg("outbox relay accepted the Kafka settings")));
+			break;
+	}
+}
+
+/*
+ * outbox_relay_state
+ *		The state the relay worker last entered (OUTBOX_STATE_STARTING
+ *		before its first outbox_enter_state()).  Only meaningful in the
+ *		relay worker.
+ */
+OutboxRelayState
+outbox_relay_state(void)
+{
+	return current_state;
+}
+
+/*
+ * Record the worker's state for outbox.status.
+ */
+static void
+set_shared_state(OutboxRelayState state)
+{
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	outbox_shared->state = state;
+	SpinLockRelease(&outbox_shared->mutex);
+}
+
+/*
+ * outbox_status_set_error
+ *		Record the last error (truncated to OUTBOX_ERROR_LEN - 1 bytes) and
+ *		its time.  The caller makes sure it holds no secret.
+ */
+void
+outbox_status_set_error(const char *error)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	strlcpy(outbox_shared->last_error, error, OUTBOX_ERROR_LEN);
+	outbox_shared->last_error_at = now;
+	SpinLockRelease(&outbox_shared->mutex);
+}
+
+/*
+ * outbox_status_count
+ *		Add a batch's acknowledged events, events marked failed and failed
+ *		delivery attempts to the counters.
+ */
+void
+outbox_status_count(int64 published, int64 failed, int64 delivery_errors)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	outbox_shared->published += published;
+	outbox_shared->failed += failed;
+	outbox_shared->delivery_errors += delivery_errors;
+	if (published > 0)
+		outbox_shared->last_publish_at = now;
+	SpinLockRelease(&outbox_shared->mutex);
+}
+
+/*
+ * The name outbox.status shows for a state.
+ */
+static const char *
+state_name(OutboxRelayState state)
+{
+	switch (state)
+	{
+		case OUTBOX_STATE_STARTING:
+			return "starting";
+		case OUTBOX_STATE_WAITING_FOR_DATABASE:
+			return "waiting_for_database";
+		case OUTBOX_STATE_WAITING_FOR_EXTENSION:
+			return "waiting_for_extension";
+		case OUTBOX_STATE_NOT_CONFIGURED:
+			return "not_configured";
+		case OUTBOX_STATE_CONFIG_ERROR:
+			return "config_error";
+		case OUTBOX_STATE_IDLE:
+			return "idle";
+		case OUTBOX_STATE_PUBLISHING:
+			return "publishing";
+		case OUTBOX_STATE_BROKER_DOWN:
+			return "broker_down";
+		case OUTBOX_STATE_PAUSED:
+			return "paused";
+		case OUTBOX_STATE_ERROR:
+			return "error";
+	}
+	return "unknown";
+}
 
 /*
  * outbox_worker_status
@@ -64,7 +235,7 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 		else if (strcmp(name, "pid") == 0)
 			values[i] = Int32GetDatum(snapshot.worker_pid);
 		else if (strcmp(name, "state") == 0)
-			values[i] = CStringGetTextDatum(outbox_state_name(snapshot.state));
+			values[i] = CStringGetTextDatum(state_name(snapshot.state));
 		else if (strcmp(name, "published") == 0)
 			values[i] = Int64GetDatum(snapshot.published);
 		else if (strcmp(name, "failed") == 0)

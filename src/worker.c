@@ -14,12 +14,13 @@
  * it wants to be restarted, nothing raised as ERROR for conditions that are
  * normal (database or extension not there yet, broker down), and errors
  * that do happen logged and retried with backoff instead of a crash loop.
- * State changes are logged once, not once per event.
+ * State changes are logged once, not once per event (status.c).
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
 #include "relay.h"
+#include "status.h"
 
 #include "access/xact.h"
 #include "commands/dbcommands.h"
@@ -58,7 +59,6 @@
 #define ERROR_BACKOFF_MAX_MS	10000
 
 static OutboxProducer *producer = NULL;
-static OutboxRelayState state = OUTBOX_STATE_STARTING;
 static char *last_config_error = NULL;
 static MemoryContext worker_context = NULL;
 
@@ -289,7 +289,7 @@ wait_for_database(void)
 		}
 
 		/* log each new obstacle once; the status always shows the current one */
-		outbox_shared_set_error(obstacle);
+		outbox_status_set_error(obstacle);
 		if (logged == NULL || strcmp(logged, obstacle) != 0)
 		{
 			ereport(LOG,
@@ -355,7 +355,7 @@ relay_loop(void)
 		 * at outbox.relay for each would cost the emitting sessions CPU for
 		 * nothing.  Sleep the poll interval, or until resume() commits.
 		 */
-		if (state == OUTBOX_STATE_PAUSED)
+		if (outbox_relay_state() == OUTBOX_STATE_PAUSED)
 		{
 			wait_out(sleep_ms, OUTBOX_WAIT_PAUSED, true, control_seq);
 			if (producer != NULL)
@@ -405,8 +405,8 @@ recover_from_error(void)
 	 * while one problem is fixed another may show up, and the status must
 	 * name the one that stops the relay now.
 	 */
-	outbox_shared_set_error(edata->message);
-	if (state != OUTBOX_STATE_BROKER_DOWN)
+	outbox_status_set_error(edata->message);
+	if (outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
 		outbox_enter_state(OUTBOX_STATE_ERROR, NULL);
 
 	/* what the failed step left in librdkafka is not ours any more */
@@ -500,11 +500,11 @@ relay_step(void)
 		return outbox_poll_interval;
 	}
 
-	outbox_shared_count(result.published, result.dead_lettered,
+	outbox_status_count(result.published, result.dead_lettered,
 						result.failed_permanent + result.failed_transient +
 						result.failed_unattributed);
 	if (result.first_error != NULL)
-		outbox_shared_set_error(result.first_error);
+		outbox_status_set_error(result.first_error);
 	if (result.dead_lettered > 0)
 		ereport(WARNING,
 				(errmsg("outbox relay marked %d event(s) failed: Kafka refused them %d time(s)",
@@ -534,7 +534,7 @@ relay_step(void)
 				 errdetail("%s", error ? error : "unknown error"),
 				 errhint("Events not acknowledged stay unpublished and are sent again.")));
 		if (code != RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE)
-			outbox_shared_set_error(error ? error : "fatal producer error");
+			outbox_status_set_error(error ? error : "fatal producer error");
 		outbox_producer_destroy(producer);
 		producer = NULL;
 		return code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? 0 : 1000;
@@ -554,21 +554,22 @@ relay_step(void)
 		outbox_enter_state(OUTBOX_STATE_PUBLISHING, NULL);
 		producer->cause_text[0] = '\0';
 	}
-	else if (producer->all_brokers_down && state != OUTBOX_STATE_BROKER_DOWN)
+	else if (producer->all_brokers_down &&
+			 outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
 	{
 		/* librdkafka also says this when an idle connection is closed */
 		if (!outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
 			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
 		last_probe = GetCurrentTimestamp();
 	}
-	else if (state == OUTBOX_STATE_BROKER_DOWN && result.claimed == 0 &&
+	else if (outbox_relay_state() == OUTBOX_STATE_BROKER_DOWN && result.claimed == 0 &&
 			 TimestampDifferenceExceeds(last_probe, GetCurrentTimestamp(), PROBE_INTERVAL_MS))
 	{
 		if (outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
 			outbox_enter_state(OUTBOX_STATE_IDLE, NULL);
 		last_probe = GetCurrentTimestamp();
 	}
-	else if (state != OUTBOX_STATE_BROKER_DOWN)
+	else if (outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
 		outbox_enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
 	producer->all_brokers_down = false;
 
@@ -620,7 +621,7 @@ delete_expired_events(void)
 					 errdetail("Publishing goes on; published events older than outbox.retention stay in outbox.events until this is fixed. Retried every %d s.",
 							   CLEANUP_RETRY_MS / 1000),
 					 errhint("Grant the relay's role DELETE on outbox.events, or set outbox.retention = -1 to keep published events.")));
-		outbox_shared_set_error(psprintf("cannot delete published events: %s", edata->message));
+		outbox_status_set_error(psprintf("cannot delete published events: %s", edata->message));
 		cleanup_failing = true;
 		FreeErrorData(edata);
 	}
@@ -667,7 +668,7 @@ ensure_producer(void)
 			pfree(last_config_error);
 		last_config_error = MemoryContextStrdup(TopMemoryContext, error);
 	}
-	outbox_shared_set_error(error);
+	outbox_status_set_error(error);
 	outbox_enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
 	return false;
 }
@@ -689,67 +690,6 @@ reload_config(void)
 				(errmsg("outbox relay: Kafka settings changed, reconnecting")));
 		outbox_producer_destroy(producer);
 		producer = NULL;
-	}
-}
-
-/*
- * outbox_enter_state
- *		Change the relay's state (shown by outbox.status) and log the
- *		changes that matter to a DBA, each once: the broker going away and
- *		coming back, the relay waiting for its extension, no configuration.
- *		error, if not NULL, becomes the status' last error.
- */
-void
-outbox_enter_state(OutboxRelayState new_state, const char *error)
-{
-	OutboxRelayState old_state = state;
-
-	if (new_state == old_state)
-		return;
-	state = new_state;
-	outbox_shared_set_state(new_state);
-	if (error != NULL)
-		outbox_shared_set_error(error);
-
-	switch (new_state)
-	{
-		case OUTBOX_STATE_BROKER_DOWN:
-			ereport(WARNING,
-					(errmsg("outbox relay cannot deliver events to Kafka at \"%s\"",
-							outbox_bootstrap_servers),
-					 errdetail("%s", error ? error : "all brokers are down"),
-					 errhint("Events stay in outbox.events and are retried; this is logged again only once Kafka is reachable.")));
-			break;
-		case OUTBOX_STATE_NOT_CONFIGURED:
-			ereport(LOG,
-					(errmsg("outbox relay is idle: outbox.bootstrap_servers is empty"),
-					 errhint("Set outbox.bootstrap_servers in postgresql.conf and reload the configuration.")));
-			break;
-		case OUTBOX_STATE_WAITING_FOR_EXTENSION:
-			ereport(LOG,
-					(errmsg("outbox relay is waiting for CREATE EXTENSION outbox in database \"%s\"",
-							outbox_database)));
-			break;
-		case OUTBOX_STATE_PAUSED:
-			ereport(LOG,
-					(errmsg("outbox relay is paused"),
-					 errdetail("Events wait in outbox.events until SELECT outbox.resume().")));
-			break;
-		default:
-			if (old_state == OUTBOX_STATE_BROKER_DOWN)
-				ereport(LOG,
-						(errmsg("outbox relay reached Kafka again at \"%s\"",
-								outbox_bootstrap_servers)));
-			else if (old_state == OUTBOX_STATE_PAUSED)
-				ereport(LOG, (errmsg("outbox relay resumed")));
-			else if (old_state == OUTBOX_STATE_WAITING_FOR_EXTENSION)
-				ereport(LOG,
-						(errmsg("outbox relay found the extension in database \"%s\"",
-								outbox_database)));
-			else if (old_state == OUTBOX_STATE_CONFIG_ERROR)
-				ereport(LOG,
-						(errmsg("outbox relay accepted the Kafka settings")));
-			break;
 	}
 }
 

@@ -1,0 +1,20 @@
+/*-------------------------------------------------------------------------
+ *
+ * status.h
+ *	  The relay's state machine as seen from outside: its state, logged
+ *	  once per change, its counters and its last error.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_STATUS_H
+#define OUTBOX_STATUS_H
+
+#include "outbox.h"
+
+extern void outbox_enter_state(OutboxRelayState new_state, const char *error);
+extern OutboxRelayState outbox_relay_state(void);
+extern void outbox_status_set_error(const char *error);
+extern void outbox_status_count(int64 published, int64 failed,
+								int64 delivery_errors);
+
+#endif							/* OUTBOX_STATUS_H */
