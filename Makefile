@@ -15,6 +15,8 @@ OBJS = \
 	src/outbox.o \
 	src/guc.o \
 	src/topic.o \
+	src/kafka_config.o \
+	src/secrets.o \
 	src/emit.o \
 	src/capture.o \
 	src/ops.o \

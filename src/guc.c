@@ -8,9 +8,14 @@
  * that a DBA can change it with pg_reload_conf() and no restart.  The worker
  * re-reads them between batches (see worker.c).
  *
+ * This file holds the settings only.  The rules their values are checked
+ * against are in topic.c and kafka_config.c; the hooks that keep the
+ * secrets of outbox.kafka_properties out of view are in secrets.c.
+ *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "kafka_config.h"
 #include "topic.h"
 
 #include <ctype.h>
@@ -18,14 +23,7 @@
 
 #include "miscadmin.h"
 #include "lib/stringinfo.h"
-#include "nodes/parsenodes.h"
-#include "pgstat.h"
-#include "tcop/tcopprot.h"
-#include "tcop/utility.h"
-#include "utils/elog.h"
 #include "utils/guc.h"
-#include "utils/memutils.h"
-#include "utils/varlena.h"
 
 char	   *outbox_database = NULL;
 char	   *outbox_bootstrap_servers = NULL;
@@ -80,16 +78,7 @@ static void assign_kafka_properties(const char *newval, void *extra);
 static bool check_allowed_topics(char **newval, void **extra,
 								 GucSource source);
 static void assign_allowed_topics(const char *newval, void *extra);
-static void outbox_emit_log_hook(ErrorData *edata);
-static char *trim_whitespace(char *s);
 static bool split_list(char *list, List **items);
-static void outbox_process_utility(PlannedStmt *pstmt, const char *queryString,
-								   bool readOnlyTree, ProcessUtilityContext context,
-								   ParamListInfo params, QueryEnvironment *queryEnv,
-								   DestReceiver *dest, QueryCompletion *qc);
-
-static emit_log_hook_type prev_emit_log_hook = NULL;
-static ProcessUtility_hook_type prev_process_utility = NULL;
 
 /*
  * outbox_define_gucs
@@ -227,14 +216,6 @@ outbox_define_gucs(void)
 							   NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");
-
-	/* keep secrets of outbox.kafka_properties out of the server log */
-	prev_emit_log_hook = emit_log_hook;
-	emit_log_hook = outbox_emit_log_hook;
-
-	/* ... and out of pg_stat_activity and pg_stat_statements */
-	prev_process_utility = ProcessUtility_hook;
-	ProcessUtility_hook = outbox_process_utility;
 }
 
 /*
@@ -325,72 +306,6 @@ check_bootstrap_servers(char **newval, void **extra, GucSource source)
 }
 
 /*
- * Properties that load code or run commands in the server process.  Being
- * allowed to set outbox.kafka_properties (a superuser, or a role granted SET
- * on it) must never amount to running arbitrary code as the postgres user.
- */
-static const char *const forbidden_kafka_properties[] = {
-	"plugin.library.paths",
-	"ssl.engine.location",
-	"ssl.engine.id",
-	"ssl_engine_callback_data",
-	"ssl.providers",
-	"sasl.kerberos.kinit.cmd",
-	"interceptors",
-	NULL
-};
-
-/*
- * outbox_kafka_property_is_secret
- *		True if the value of librdkafka property key may be a secret:
- *		passwords, secrets, keys and keystores, the SASL user name, OAuth
- *		configuration and any URL (it may carry user:password@).  Such
- *		values never appear in SHOW, pg_settings, the log or a message.
- */
-bool
-outbox_kafka_property_is_secret(const char *key)
-{
-	return strstr(key, "password") != NULL ||
-		strstr(key, "secret") != NULL ||
-		strstr(key, "sasl.oauthbearer.config") != NULL ||
-		strstr(key, "ssl.key.pem") != NULL ||
-		strstr(key, "ssl_key") != NULL ||
-		strstr(key, "ssl.keystore") != NULL ||
-		strstr(key, "sasl.username") != NULL ||
-	/* an endpoint URL may carry user:password@ */
-		strstr(key, "url") != NULL;
-}
-
-/*
- * Properties the relay sets itself and a user must not change: they carry
- * the delivery guarantees (acks, idempotence) or have their own GUC.
- */
-static const char *const reserved_kafka_properties[] = {
-	"bootstrap.servers",
-	"metadata.broker.list",
-	"enable.idempotence",
-	"acks",
-	"request.required.acks",
-	"message.timeout.ms",
-	"delivery.timeout.ms",
-	"enable.gapless.guarantee",
-	"log.queue",
-	/* key -> partition must match the Java client's, and keep an aggregate on one partition */
-	"partitioner",
-	/* the relay is not a transactional producer */
-	"transactional.id",
-
-	/*
-	 * librdkafka runs sasl.kerberos.kinit.cmd through the shell, with the
-	 * principal and keytab pasted in, whenever this is not 0: a way to run
-	 * commands.  The relay sets it to 0; keep the Kerberos ticket cache
-	 * fresh outside the server (k5start, cron).
-	 */
-	"sasl.kerberos.min.time.before.relogin",
-	NULL
-};
-
-/*
  * Split a comma-separated list in place into its items, blanks around them
  * trimmed.  An empty list gives NIL; false if an item is empty (",,", a
  * trailing comma, blanks only), which the lists of outbox.bootstrap_servers
@@ -413,111 +328,11 @@ split_list(char *list, List **items)
 		next = comma ? comma + 1 : NULL;
 		if (comma)
 			*comma = '\0';
-		item = trim_whitespace(item);
+		item = outbox_trim_whitespace(item);
 		if (*item == '\0')
 			return false;
 		*items = lappend(*items, item);
 	}
-	return true;
-}
-
-static char *
-trim_whitespace(char *s)
-{
-	char	   *end;
-
-	while (*s && isspace((unsigned char) *s))
-		s++;
-	end = s + strlen(s);
-	while (end > s && isspace((unsigned char) end[-1]))
-		*--end = '\0';
-	return s;
-}
-
-/*
- * outbox_parse_kafka_properties
- *		Split "key=value;key=value" into an array of properties.
- *
- * Empty items (";;" or a trailing ";") are ignored and whitespace around
- * keys and values is trimmed.  Values cannot contain ';'.  Returns false
- * with *error set (palloc'd) on a malformed item or a reserved key; the
- * librdkafka-level check of each value happens when the worker builds its
- * producer, because librdkafka must not be touched in the postmaster.
- * Results are palloc'd in the current memory context.
- */
-bool
-outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
-							  int *nprops, char **error)
-{
-	char	   *copy = pstrdup(text ? text : "");
-	char	   *item;
-	char	   *saveptr = NULL;
-	int			n = 0;
-	int			position = 0;
-	int			cap = 8;
-	OutboxKafkaProperty *out = palloc(sizeof(OutboxKafkaProperty) * cap);
-
-	for (item = strtok_r(copy, ";", &saveptr); item != NULL;
-		 item = strtok_r(NULL, ";", &saveptr))
-	{
-		char	   *eq;
-		char	   *key;
-		char	   *value;
-		const char *bare;
-		int			i;
-
-		item = trim_whitespace(item);
-		if (*item == '\0')
-			continue;
-		position++;
-
-		/* messages never quote an item or a value: they may be secrets */
-		eq = strchr(item, '=');
-		if (eq == NULL)
-		{
-			*error = psprintf("item %d is not of the form key=value", position);
-			return false;
-		}
-		*eq = '\0';
-		key = trim_whitespace(item);
-		value = trim_whitespace(eq + 1);
-		if (*key == '\0')
-		{
-			*error = psprintf("item %d has an empty key", position);
-			return false;
-		}
-		/* librdkafka also takes topic properties as "topic.<name>" */
-		bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
-		for (i = 0; reserved_kafka_properties[i] != NULL; i++)
-		{
-			if (pg_strcasecmp(key, reserved_kafka_properties[i]) == 0 ||
-				pg_strcasecmp(bare, reserved_kafka_properties[i]) == 0)
-			{
-				*error = psprintf("property \"%s\" is set by the relay itself and cannot be overridden", key);
-				return false;
-			}
-		}
-		for (i = 0; forbidden_kafka_properties[i] != NULL; i++)
-		{
-			if (pg_strcasecmp(key, forbidden_kafka_properties[i]) == 0 ||
-				pg_strcasecmp(bare, forbidden_kafka_properties[i]) == 0 ||
-				pg_strncasecmp(key, "ssl.engine.", 11) == 0)
-			{
-				*error = psprintf("property \"%s\" would load code or run a command in the server and is not allowed", key);
-				return false;
-			}
-		}
-		if (n == cap)
-		{
-			cap *= 2;
-			out = repalloc(out, sizeof(OutboxKafkaProperty) * cap);
-		}
-		out[n].key = key;
-		out[n].value = value;
-		n++;
-	}
-	*props = out;
-	*nprops = n;
 	return true;
 }
 
@@ -617,56 +432,6 @@ outbox_reload_config_file(void)
 }
 
 /*
- * True if the shared_preload_libraries item name ("outbox",
- * "$libdir/outbox", "outbox.so") names library.
- */
-static bool
-library_is(const char *name, const char *library)
-{
-	const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
-	size_t		len = strcspn(base, ".");
-
-	return len == strlen(library) && strncmp(base, library, len) == 0;
-}
-
-/*
- * outbox_check_preload_order
- *		WARNING at server start when pg_stat_statements comes after outbox in
- *		shared_preload_libraries: its ProcessUtility hook then runs before
- *		ours and records ALTER SYSTEM SET outbox.kafka_properties with the
- *		value (see outbox_process_utility).  Called from _PG_init in the
- *		postmaster.
- */
-void
-outbox_check_preload_order(void)
-{
-	char	   *list = pstrdup(GetConfigOption("shared_preload_libraries", false, false));
-	List	   *names;
-	ListCell   *lc;
-	int			position = 0;
-	int			outbox_at = -1;
-	int			pgss_at = -1;
-
-	if (!SplitDirectoriesString(list, ',', &names))
-		return;
-	foreach(lc, names)
-	{
-		const char *name = (const char *) lfirst(lc);
-
-		if (outbox_at < 0 && library_is(name, "outbox"))
-			outbox_at = position;
-		if (library_is(name, "pg_stat_statements"))
-			pgss_at = position;
-		position++;
-	}
-	if (outbox_at >= 0 && pgss_at > outbox_at)
-		ereport(WARNING,
-				(errmsg("outbox is listed before pg_stat_statements in shared_preload_libraries"),
-				 errdetail("pg_stat_statements then records ALTER SYSTEM SET outbox.kafka_properties with its value, which may hold passwords, for its readers (pg_read_all_stats)."),
-				 errhint("List outbox after it: shared_preload_libraries = 'pg_stat_statements,outbox'.")));
-}
-
-/*
  * Every entry must be a legal topic name, or a prefix followed by '*'.  An
  * empty item (",,", a trailing comma) is refused like in
  * outbox.bootstrap_servers: it is a typo more often than not, and a list of
@@ -704,120 +469,4 @@ static void
 assign_allowed_topics(const char *newval, void *extra)
 {
 	outbox_allowed_topic_list = (const char *) extra;
-}
-
-/*
- * True if s contains "kafka_properties", ignoring case: SQL that sets the
- * parameter may spell it in any case.
- */
-static bool
-mentions_kafka_properties(const char *s)
-{
-	const char *needle = "kafka_properties";
-	size_t		n = strlen(needle);
-
-	for (; s != NULL && *s; s++)
-	{
-		if (pg_strncasecmp(s, needle, n) == 0)
-			return true;
-	}
-	return false;
-}
-
-/*
- * emit_log_hook: PostgreSQL itself would write the value of
- * outbox.kafka_properties to the server log when a reload changes it
- * ("parameter ... changed to ..."), and any statement that sets it
- * (log_statement, or the STATEMENT line after an error).  Those may hold
- * SASL or TLS key passwords, so such lines are replaced or shortened here.
- */
-static void
-outbox_emit_log_hook(ErrorData *edata)
-{
-	if (prev_emit_log_hook)
-		prev_emit_log_hook(edata);
-	if (!edata->output_to_server)
-		return;
-
-	if (edata->message != NULL && mentions_kafka_properties(edata->message) &&
-		edata->message_id != NULL &&
-		strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0)
-		edata->message = pstrdup("parameter \"outbox.kafka_properties\" changed (value not logged)");
-
-	if (debug_query_string != NULL && mentions_kafka_properties(debug_query_string))
-	{
-		/* the STATEMENT: line after an error */
-		edata->hide_stmt = true;
-		/* log_statement and log_min_duration_statement lines quote it whole */
-		if (edata->message != NULL && strstr(edata->message, debug_query_string) != NULL)
-			edata->message = pstrdup("statement: (a statement mentioning outbox.kafka_properties, not logged)");
-	}
-
-	/* a statement run by a function (EXECUTE in a DO block, say) */
-	if (edata->context != NULL && mentions_kafka_properties(edata->context))
-		edata->context = pstrdup("(a statement mentioning outbox.kafka_properties, not logged)");
-	if (edata->internalquery != NULL && mentions_kafka_properties(edata->internalquery))
-		edata->internalquery = NULL;
-}
-
-/*
- * The text of the statement pstmt came from, with that statement replaced
- * by a line that names the parameter and no value, padded with blanks to
- * the same length: hooks called after this one find the statement at the
- * location and length the parser gave (pg_stat_statements cuts it out by
- * them, and trims the blanks).
- */
-static char *
-masked_statement(const char *queryString, const PlannedStmt *pstmt)
-{
-	static const char replacement[] =
-		"ALTER SYSTEM SET outbox.kafka_properties = '(not shown)'";
-	size_t		len = strlen(queryString);
-	size_t		start = pstmt->stmt_location >= 0 ? pstmt->stmt_location : 0;
-	size_t		end = pstmt->stmt_location >= 0 && pstmt->stmt_len > 0 ?
-		start + pstmt->stmt_len : len;
-	char	   *masked = pstrdup(queryString);
-
-	if (start > len)
-		start = len;
-	if (end > len || pstmt->stmt_location < 0)
-		end = len;
-	memset(masked + start, ' ', end - start);
-	memcpy(masked + start, replacement, Min(end - start, sizeof(replacement) - 1));
-	return masked;
-}
-
-/*
- * ProcessUtility_hook: ALTER SYSTEM SET outbox.kafka_properties carries the
- * value, which may hold passwords, in its text.  PostgreSQL would show that
- * text in pg_stat_activity (to pg_read_all_stats members, and for an idle
- * session until its next statement) and pg_stat_statements would keep it
- * for its readers.  Here the statement's text is replaced before either
- * sees it: pg_stat_activity's query always, and pg_stat_statements' copy
- * when this hook runs before that module's, i.e. when outbox comes after
- * pg_stat_statements in shared_preload_libraries (hooks run in the reverse
- * order of loading).  The statement itself runs from its parse tree.
- */
-static void
-outbox_process_utility(PlannedStmt *pstmt, const char *queryString,
-					   bool readOnlyTree, ProcessUtilityContext context,
-					   ParamListInfo params, QueryEnvironment *queryEnv,
-					   DestReceiver *dest, QueryCompletion *qc)
-{
-	Node	   *stmt = pstmt->utilityStmt;
-
-	if (IsA(stmt, AlterSystemStmt) &&
-		((AlterSystemStmt *) stmt)->setstmt->kind == VAR_SET_VALUE &&
-		mentions_kafka_properties(((AlterSystemStmt *) stmt)->setstmt->name))
-	{
-		queryString = masked_statement(queryString, pstmt);
-		pgstat_report_activity(STATE_RUNNING, queryString);
-	}
-
-	if (prev_process_utility)
-		prev_process_utility(pstmt, queryString, readOnlyTree, context,
-							 params, queryEnv, dest, qc);
-	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-								params, queryEnv, dest, qc);
 }

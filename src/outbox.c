@@ -6,11 +6,13 @@
  * Loaded through shared_preload_libraries, the library reserves its shared
  * memory and registers the relay worker.  Loaded any other way (the first
  * call of outbox.emit() in a backend, LOAD 'outbox'), it only defines its
- * settings: emit() works, no worker starts.
+ * settings and installs the hooks that keep their secrets out of view:
+ * emit() works, no worker starts.
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "secrets.h"
 
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -21,13 +23,24 @@ void		_PG_init(void);
 
 /*
  * _PG_init
- *		Define the GUCs everywhere; set up shared memory and the relay
- *		worker only when preloaded by the postmaster.
+ *		Define the GUCs and install the secret-keeping hooks everywhere; set
+ *		up shared memory and the relay worker only when preloaded by the
+ *		postmaster.
  */
 void
 _PG_init(void)
 {
 	outbox_define_gucs();
+
+	/*
+	 * Install hooks.  In every process that loads the library, preloaded or
+	 * not, keep the secrets of outbox.kafka_properties out of the server log
+	 * and out of pg_stat_activity and pg_stat_statements (secrets.c).
+	 */
+	outbox_prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = outbox_emit_log_hook;
+	outbox_prev_process_utility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = outbox_process_utility;
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;
@@ -37,6 +50,15 @@ _PG_init(void)
 		return;
 
 	outbox_check_preload_order();
-	outbox_shmem_install_hooks();
+
+	/*
+	 * Install hooks.  In the postmaster only: shared memory for the relay's
+	 * status and wake-up latch (shmem.c).
+	 */
+	outbox_prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_shmem_request;
+	outbox_prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_shmem_startup;
+
 	outbox_register_worker();
 }

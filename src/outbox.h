@@ -21,10 +21,12 @@
 #include "compat.h"
 
 #include "datatype/timestamp.h"
-#include "utils/jsonb.h"
-#include "utils/uuid.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/spin.h"
+#include "utils/jsonb.h"
+#include "utils/uuid.h"
 
 /* Schema and table; the install script creates them, the worker reads them */
 #define OUTBOX_SCHEMA			"outbox"
@@ -73,25 +75,8 @@ extern const char *outbox_allowed_topic_list;	/* outbox.allowed_topics, parsed *
 #define OUTBOX_ON_FAILED_SKIP	1	/* ... go on without it */
 
 extern void outbox_define_gucs(void);
-extern void outbox_check_preload_order(void);
 extern const char *outbox_kafka_properties_refusal(void);
 extern void outbox_reload_config_file(void);
-extern bool outbox_kafka_property_is_secret(const char *key);
-
-/*
- * Parsed outbox.kafka_properties: parallel arrays of keys and values,
- * palloc'd in the caller's context.
- */
-typedef struct OutboxKafkaProperty
-{
-	char	   *key;
-	char	   *value;
-} OutboxKafkaProperty;
-
-extern bool outbox_parse_kafka_properties(const char *text,
-										  OutboxKafkaProperty **props,
-										  int *nprops,
-										  char **error);
 
 /*
  * shmem.c: state shared between the relay worker and every backend.
@@ -153,7 +138,11 @@ typedef enum OutboxWait
 
 extern uint32 outbox_wait_event(OutboxWait wait);
 
-extern void outbox_shmem_install_hooks(void);
+/* shared-memory hooks, installed by _PG_init in the postmaster only */
+extern shmem_request_hook_type outbox_prev_shmem_request_hook;
+extern shmem_startup_hook_type outbox_prev_shmem_startup_hook;
+extern void outbox_shmem_request(void);
+extern void outbox_shmem_startup(void);
 extern void outbox_shared_register_worker(void);
 extern void outbox_wake_worker(bool control);
 extern uint32 outbox_control_seq(void);

@@ -22,6 +22,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "kafka_config.h"
 #include "producer.h"
 
 #include <fcntl.h>
@@ -67,8 +68,9 @@ static bool set_property(rd_kafka_conf_t *conf, const char *key,
 
 /*
  * Defaults the relay sets before the user's outbox.kafka_properties.
- * acks and idempotence are fixed (guc.c refuses to override them); the rest
- * are tuned for a relay that sends batches and waits for their reports.
+ * acks and idempotence are fixed (kafka_config.c refuses to override them);
+ * the rest are tuned for a relay that sends batches and waits for their
+ * reports.
  */
 static const char *const default_properties[][2] = {
 	{"enable.idempotence", "true"},
@@ -100,7 +102,7 @@ static const char *const default_properties[][2] = {
 	{"socket.keepalive.enable", "true"},
 	/* small produce requests go out at once, not after the peer's ACK */
 	{"socket.nagle.disable", "true"},
-	/* never run sasl.kerberos.kinit.cmd (a shell command): see guc.c */
+	/* never run sasl.kerberos.kinit.cmd (a shell command): see kafka_config.c */
 	{"sasl.kerberos.min.time.before.relogin", "0"},
 	{NULL, NULL}
 };

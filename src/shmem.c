@@ -24,47 +24,40 @@
 
 OutboxShared *outbox_shared = NULL;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+/* the hooks installed before ours (set by _PG_init) */
+shmem_request_hook_type outbox_prev_shmem_request_hook = NULL;
+shmem_startup_hook_type outbox_prev_shmem_startup_hook = NULL;
 
-static void outbox_shmem_request(void);
-static void outbox_shmem_startup(void);
 static void outbox_shared_unregister_worker(int code, Datum arg);
 
 /*
- * outbox_shmem_install_hooks
- *		Ask for our shared memory.  Called from _PG_init in the postmaster
- *		(shared_preload_libraries) only.
+ * outbox_shmem_request
+ *		The shmem_request_hook: ask for our shared memory.  Installed by
+ *		_PG_init in the postmaster (shared_preload_libraries) only.
  */
 void
-outbox_shmem_install_hooks(void)
-{
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = outbox_shmem_request;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = outbox_shmem_startup;
-}
-
-static void
 outbox_shmem_request(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
+	if (outbox_prev_shmem_request_hook)
+		outbox_prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(OutboxShared)));
 }
 
 /*
- * Create or attach to the struct.  This also runs after a crash restart, when
- * shared memory is re-created: then every field starts from zero again, so no
- * pid or latch of a dead process survives (see pg_net #211, #276).
+ * outbox_shmem_startup
+ *		The shmem_startup_hook: create or attach to the struct.
+ *
+ * This also runs after a crash restart, when shared memory is re-created:
+ * then every field starts from zero again, so no pid or latch of a dead
+ * process survives (see pg_net #211, #276).
  */
-static void
+void
 outbox_shmem_startup(void)
 {
 	bool		found;
 
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
+	if (outbox_prev_shmem_startup_hook)
+		outbox_prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	outbox_shared = ShmemInitStruct("outbox relay", sizeof(OutboxShared), &found);

@@ -1,0 +1,29 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka_config.h
+ *	  The rules of outbox.kafka_properties: syntax, reserved, forbidden and
+ *	  secret librdkafka properties.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_KAFKA_CONFIG_H
+#define OUTBOX_KAFKA_CONFIG_H
+
+/*
+ * Parsed outbox.kafka_properties: parallel arrays of keys and values,
+ * palloc'd in the caller's context.
+ */
+typedef struct OutboxKafkaProperty
+{
+	char	   *key;
+	char	   *value;
+} OutboxKafkaProperty;
+
+extern bool outbox_parse_kafka_properties(const char *text,
+										  OutboxKafkaProperty **props,
+										  int *nprops,
+										  char **error);
+extern bool outbox_kafka_property_is_secret(const char *key);
+extern char *outbox_trim_whitespace(char *s);
+
+#endif							/* OUTBOX_KAFKA_CONFIG_H */
