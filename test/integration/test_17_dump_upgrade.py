@@ -5,8 +5,11 @@ pg_dump / pg_restore and ALTER EXTENSION outbox UPDATE.
     pg_restore into a fresh database of a throw-away cluster (env.pg_dir-restore, port +26)
     whose relay serves it: pending events keep their ids and are delivered, published ones are
     not sent again, and emit() works right after the restore (identity sequence restored).
-(b) every ALTER EXTENSION UPDATE path (1.0 -> 1.1, 1.1 -> 1.2, 1.0 -> 1.2) gives exactly the catalog objects of a fresh install
-    install (two scratch databases on the main cluster).
+(b) every ALTER EXTENSION UPDATE path (UPGRADE_PATHS) gives exactly the catalog of a fresh install
+    (two scratch databases on the main cluster): objects, storage parameters, comments, privileges,
+    initial privileges (pg_init_privs), dependencies, role dependencies.  The same comparison also
+    runs over users' privileges that exist before CREATE EXTENSION (a schema outbox made first,
+    default privileges): the fresh install must reset pg_init_privs as the update path does.
 (c) The same update done under a running relay while events flow (throw-away cluster, port
     +27): same worker, every event delivered once, in order.
 (d) A monitoring query of outbox.status that overlaps the update must neither fail nor make the
@@ -234,13 +237,41 @@ CATALOG_QUERIES = {
     "initial privileges": """
         SELECT pg_describe_object(ip.classoid, ip.objoid, ip.objsubid), ip.privtype, ip.initprivs::text
           FROM pg_init_privs ip
-          JOIN pg_depend d ON d.classid = ip.classoid AND d.objid = ip.objoid AND d.deptype = 'e'
-          JOIN pg_extension e ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-         WHERE e.extname = 'outbox'
-        UNION ALL      -- schema outbox is no member (DROP EXTENSION leaves it), but the scripts grant on it
-        SELECT pg_describe_object(ip.classoid, ip.objoid, ip.objsubid), ip.privtype, ip.initprivs::text
-          FROM pg_init_privs ip
-         WHERE ip.classoid = 'pg_namespace'::regclass AND ip.objoid = 'outbox'::regnamespace"""
+         WHERE (ip.classoid, ip.objoid) IN
+               (SELECT d.classid, d.objid
+                  FROM pg_depend d JOIN pg_extension e ON d.refclassid = 'pg_extension'::regclass
+                                                     AND d.refobjid = e.oid
+                 WHERE e.extname = 'outbox' AND d.deptype = 'e')
+            -- objects in the schema that are no members (the identity sequence), and schema outbox
+            -- itself: no member either (DROP EXTENSION leaves it), but the scripts grant on it
+            OR (pg_identify_object(ip.classoid, ip.objoid, ip.objsubid)).schema = 'outbox'
+            OR (ip.classoid = 'pg_namespace'::regclass AND ip.objoid = 'outbox'::regnamespace)""",
+    # every dependency of or on the objects in schema outbox and the extension (toast tables are
+    # named after their OID)
+    "dependency": """
+        SELECT regexp_replace(pg_describe_object(d.classid, d.objid, d.objsubid), 'pg_toast_[0-9]+', 'pg_toast_N'),
+               regexp_replace(pg_describe_object(d.refclassid, d.refobjid, d.refobjsubid),
+                              'pg_toast_[0-9]+', 'pg_toast_N'),
+               d.deptype
+          FROM pg_depend d
+         WHERE (pg_identify_object(d.classid, d.objid, d.objsubid)).schema = 'outbox'
+            OR (pg_identify_object(d.refclassid, d.refobjid, d.refobjsubid)).schema = 'outbox'
+            OR (d.classid = 'pg_namespace'::regclass AND d.objid = 'outbox'::regnamespace)
+            OR (d.refclassid = 'pg_namespace'::regclass AND d.refobjid = 'outbox'::regnamespace)
+            OR (d.classid = 'pg_extension'::regclass
+                AND d.objid = (SELECT oid FROM pg_extension WHERE extname = 'outbox'))
+            OR (d.refclassid = 'pg_extension'::regclass
+                AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox'))""",
+    # the roles the objects depend on: owners, grantees, and (PostgreSQL 17 on) the roles named in
+    # their pg_init_privs (deptype 'i'); pinned roles (the bootstrap superuser, pg_monitor) have none
+    "role dependency": """
+        SELECT pg_describe_object(s.classid, s.objid, s.objsubid), s.refobjid::regrole::text, s.deptype
+          FROM pg_shdepend s
+         WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND ((pg_identify_object(s.classid, s.objid, s.objsubid)).schema = 'outbox'
+                OR (s.classid = 'pg_namespace'::regclass AND s.objid = 'outbox'::regnamespace)
+                OR (s.classid = 'pg_extension'::regclass
+                    AND s.objid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')))"""
 }
 
 
@@ -597,3 +628,43 @@ def test_grants_survive_drop_create_extension(env, conn, tmp_path):
     report(f"OUTBOX GRANTS after DROP/CREATE EXTENSION: schema outbox left with its grants, CREATE"
            f" EXTENSION over it, pg_dump -Fc + pg_restore {dr_s:.2f}s; {len(probs)} problem(s)")
     assert not probs, f"{len(probs)} problem(s) with users' grants:\n  " + "\n  ".join(probs)
+
+
+# users' privileges that exist before CREATE EXTENSION: a schema outbox made first (pg_restore makes it
+# before CREATE EXTENSION, DROP EXTENSION leaves it behind) with a user's grant, and the installing
+# role's default privileges, which every new object gets
+PRIOR_PRIVILEGES = {
+    "schema made first": ['CREATE SCHEMA outbox', 'GRANT USAGE, CREATE ON SCHEMA outbox TO "{app}"'],
+    "default privileges": ['ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO "{app}"',
+                           'ALTER DEFAULT PRIVILEGES GRANT SELECT, INSERT ON TABLES TO "{app}"',
+                           'ALTER DEFAULT PRIVILEGES GRANT USAGE ON SEQUENCES TO "{app}"',
+                           'ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO "{app}"'],
+}
+
+
+@pytest.mark.parametrize("prior", list(PRIOR_PRIVILEGES), ids=[p.replace(" ", "_") for p in PRIOR_PRIVILEGES])
+def test_fresh_install_over_prior_grants_matches_update(env, conn, prior):
+    """CREATE EXTENSION outbox over users' privileges gives the catalog of 1.0 + ALTER EXTENSION UPDATE
+    over the same privileges, and neither names the user's role in pg_init_privs: the scripts' GRANTs
+    and REVOKEs store whole ACLs there, users' items included, and both paths must reset them."""
+    with scratch(env, conn, "prior", ("app",)) as ((upd_db, fresh_db), (u, f), r):
+        for c in (u, f):
+            for sql in PRIOR_PRIVILEGES[prior]:
+                query(c, sql.format(app=r["app"]))
+        query(u, "CREATE EXTENSION outbox VERSION '1.0'")
+        query(u, "ALTER EXTENSION outbox UPDATE")
+        query(f, "CREATE EXTENSION outbox")
+        version = query_one(f, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")[0]
+        a, b = catalog_snapshot(u), catalog_snapshot(f)
+        role_oids = [x[0] for x in query(f, "SELECT oid::bigint FROM pg_roles WHERE rolname = %s", (r["app"],))]
+        named = {db: [x[0] for x in query(c, INIT_PRIVS_ROLES_SQL, (role_oids,))]
+                 for db, c in (("update", u), ("fresh", f))}
+        app_acls = len([x for x in acl_rows(f) if x[1] == r["app"]])
+    diffs = catalog_differences(a, b, version)
+    diffs += [f"pg_init_privs after the {p} names {r['app']}: {x}" for p, rows in named.items() for x in rows]
+    print("\n".join(diffs))
+    report(f"OUTBOX FRESH vs UPDATE over {prior}: 1.0 + ALTER EXTENSION UPDATE vs fresh {version}"
+           f" ({app_acls} privileges of the user's role on the fresh objects; initial privileges"
+           f" {len(b['initial privileges'])}, role dependency {len(b['role dependency'])},"
+           f" dependency {len(b['dependency'])} rows); {len(diffs)} difference(s)")
+    assert not diffs, f"{len(diffs)} difference(s) over {prior}:\n  " + "\n  ".join(diffs)
