@@ -1,4 +1,11 @@
-/* outbox--1.0.sql: install script for the outbox extension */
+/*
+ * outbox--1.0.sql: install script of outbox 1.0.  Frozen: its statements never change.
+ *
+ * Only for CREATE EXTENSION outbox VERSION '1.0' (and '1.1', '1.2', which
+ * PostgreSQL installs as 1.0 plus the update scripts) and the upgrade tests
+ * (test/integration/test_17_dump_upgrade.py).  The current schema is
+ * sql/outbox.sql.
+ */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit

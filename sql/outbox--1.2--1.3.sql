@@ -1,7 +1,8 @@
 /*
  * outbox--1.2--1.3.sql: autovacuum settings that keep outbox.events small.
- * There is no outbox--1.3.sql: CREATE EXTENSION installs 1.2 and applies
- * this script, so the two never drift apart.
+ * A fresh 1.3 install runs sql/outbox.sql instead (built as outbox--1.3.sql);
+ * test/integration/test_17_dump_upgrade.py checks that both give the same
+ * catalog.
  */
 
 -- complain if script is sourced in psql, rather than via ALTER EXTENSION
@@ -40,7 +41,8 @@ COMMENT ON FUNCTION outbox.worker_status() IS
  * grants: the owner's items, and pg_monitor's USAGE on the schema, EXECUTE on
  * worker_status() and SELECT on status; no user's, no PUBLIC's.  Any later
  * update script that GRANTs or REVOKEs on existing objects must end with this
- * again (with its own list).
+ * again (with its own list): rule 4 of "Rules for update scripts" at the top
+ * of sql/outbox.sql, which ends with the same block.
  */
 DO $$
 DECLARE

@@ -1,4 +1,34 @@
-/* outbox--1.2.sql: install script for the outbox extension, version 1.2 */
+/*
+ * outbox.sql: the current schema of the outbox extension, in one file.
+ *
+ * make copies it to sql/outbox--$(EXTVERSION).sql, the script a fresh
+ * CREATE EXTENSION outbox runs (EXTVERSION is set in the Makefile).  Edit
+ * this file, never the generated one.  Older versions are installed from the
+ * frozen outbox--1.0.sql and the update scripts outbox--A--B.sql.
+ *
+ * Rules for update scripts
+ *
+ * 1. outbox--A--B.sql is a delta from A to B, never a full copy.  Make the
+ *    same change here, so that this file stays the current schema, and bump
+ *    EXTVERSION (Makefile), default_version (outbox.control) and the versions
+ *    in META.json.  test/integration/test_17_dump_upgrade.py compares a fresh
+ *    install with every update path, catalog row by catalog row: add the new
+ *    paths to its UPGRADE_PATHS.
+ * 2. ALTER TABLE ... ADD COLUMN appends: put new columns at the end of the
+ *    CREATE TABLE here, in the order the update script adds them.
+ * 3. A script that touches both outbox.status and outbox.events locks the
+ *    view first, in the order its readers take them (outbox--1.0--1.1.sql).
+ * 4. Initial privileges.  While an extension script runs, every GRANT or
+ *    REVOKE stores the object's whole ACL in pg_init_privs, users' grants
+ *    included, and pg_dump dumps only what differs from pg_init_privs: those
+ *    users' grants are then missing from a restored database, and a role
+ *    dropped later stays there as an OID that breaks pg_restore.  So an
+ *    update script that GRANTs or REVOKEs on objects that existed before it
+ *    ran (schema outbox included: DROP EXTENSION leaves it behind, with its
+ *    grants) must end by resetting pg_init_privs to what a fresh install
+ *    records: copy the DO block at the end of this file, with its list of
+ *    pg_monitor's grants brought up to date (outbox--1.2--1.3.sql does so).
+ */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
@@ -7,6 +37,15 @@
  * The outbox table.  Rows are written by outbox.emit() in the caller's
  * transaction and read, in id order, by the relay worker.  It is a normal,
  * WAL-logged table: an unlogged outbox would lose events on a crash.
+ *
+ * Storage parameters (WITH): every event is written twice (the INSERT of
+ * emit() and the UPDATE that marks it published; that UPDATE cannot be HOT,
+ * published_at being in the partial indexes' predicates) and deleted once by
+ * the retention.  With the default thresholds (20% of the table) autovacuum
+ * comes ever later as the table grows, and the space of deleted events is
+ * reused late.  Vacuum this table whenever 10,000 rows are dead, without
+ * cost-based throttling: its dead rows are the oldest, and the table is small
+ * when vacuumed often.
  */
 CREATE TABLE outbox.events (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -24,6 +63,10 @@ CREATE TABLE outbox.events (
     next_attempt_at timestamptz,
     permanent_failures integer NOT NULL DEFAULT 0,
     failed_at       timestamptz
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 10000,
+    autovacuum_vacuum_cost_delay = 0
 );
 
 /*
@@ -77,6 +120,8 @@ COMMENT ON COLUMN outbox.events.permanent_failures IS
 'Number of delivery attempts Kafka refused with a permanent error (message too large, topic refused, ...). Transient failures (broker unreachable, timeouts) do not count. At outbox.max_attempts the event is marked failed.';
 COMMENT ON COLUMN outbox.events.failed_at IS
 'When the event was marked failed (a dead letter): it is not retried until outbox.retry_failed(). With outbox.on_failed_event = hold, later events of its aggregate wait behind it. NULL = not failed.';
+COMMENT ON SEQUENCE outbox.events_id_seq IS
+'Identity sequence of outbox.events.id; pg_dump keeps its position.';
 
 /*
  * The relay's persistent switches.  One row; outbox.pause() and
@@ -163,7 +208,7 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.worker_status() IS
-'One row per running relay worker, read from shared memory: database, pid, state (starting, waiting_for_database, waiting_for_extension, not_configured, config_error, idle, publishing, broker_down), events published, events marked failed and failed delivery attempts since the worker started, time of the last acknowledged event, last error text and time, and when the worker started. No rows when the library is not in shared_preload_libraries.';
+'One row per running relay worker, read from shared memory: database, pid, state (starting, waiting_for_database, waiting_for_extension, not_configured, config_error, idle, publishing, broker_down, paused, error), events published, events marked failed and failed delivery attempts since the worker started, time of the last acknowledged event, last error text and time, and when the worker started. No rows when the library is not in shared_preload_libraries.';
 
 CREATE VIEW outbox.status AS
 SELECT w.database,
@@ -190,9 +235,6 @@ SELECT w.database,
 
 COMMENT ON VIEW outbox.status IS
 'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. Empty when no relay worker runs.';
-
-COMMENT ON SEQUENCE outbox.events_id_seq IS
-'Identity sequence of outbox.events.id; pg_dump keeps its position.';
 
 /* trigger capture */
 CREATE FUNCTION outbox.capture()
@@ -275,3 +317,81 @@ REVOKE ALL ON TABLE outbox.status FROM PUBLIC;
 GRANT USAGE ON SCHEMA outbox TO pg_monitor;
 GRANT EXECUTE ON FUNCTION outbox.worker_status() TO pg_monitor;
 GRANT SELECT ON TABLE outbox.status TO pg_monitor;
+
+/*
+ * Initial privileges (rule 4 above).  The GRANTs and REVOKEs above stored
+ * each object's ACL in pg_init_privs.  For objects this script created that is
+ * the owner's items and pg_monitor's, unless the installing role has default
+ * privileges (ALTER DEFAULT PRIVILEGES), which every new object gets.  And
+ * schema outbox may exist before CREATE EXTENSION (DROP EXTENSION leaves it,
+ * with the users' grants, and pg_restore creates it first).  So reset them,
+ * as every update path to this version does: the owner's items, and
+ * pg_monitor's USAGE on the schema, EXECUTE on worker_status() and SELECT on
+ * status; no user's, no PUBLIC's.
+ */
+DO $$
+DECLARE
+    r record;
+    acl pg_catalog.aclitem[];
+    keep pg_catalog.oid[];
+BEGIN
+    FOR r IN
+        SELECT ip.classoid, ip.objoid, ip.objsubid, ip.initprivs, m.priv,
+               CASE ip.classoid
+                   WHEN 'pg_catalog.pg_class'::pg_catalog.regclass THEN
+                       (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = ip.objoid)
+                   WHEN 'pg_catalog.pg_proc'::pg_catalog.regclass THEN
+                       (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = ip.objoid)
+                   WHEN 'pg_catalog.pg_namespace'::pg_catalog.regclass THEN
+                       (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.oid = ip.objoid)
+               END AS owner
+          FROM pg_catalog.pg_init_privs ip
+          LEFT JOIN (VALUES ('pg_catalog.pg_namespace'::pg_catalog.regclass,
+                             'outbox'::pg_catalog.regnamespace::pg_catalog.oid, 'USAGE'),
+                            ('pg_catalog.pg_proc', 'outbox.worker_status()'::pg_catalog.regprocedure, 'EXECUTE'),
+                            ('pg_catalog.pg_class', 'outbox.status'::pg_catalog.regclass, 'SELECT'))
+                 AS m(classoid, objoid, priv)
+            ON m.classoid = ip.classoid AND m.objoid = ip.objoid AND ip.objsubid = 0
+         WHERE (ip.classoid, ip.objoid) IN
+               (SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
+                 WHERE d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                   AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e
+                                      WHERE e.extname = 'outbox')
+                   AND d.deptype = 'e')
+            OR (ip.classoid = 'pg_catalog.pg_namespace'::pg_catalog.regclass
+                AND ip.objoid = 'outbox'::pg_catalog.regnamespace)
+    LOOP
+        -- the owner's items, in their order (columns have none: their rows go)
+        acl := ARRAY(SELECT u.a FROM pg_catalog.unnest(r.initprivs) WITH ORDINALITY AS u(a, n)
+                      WHERE (SELECT x.grantee FROM pg_catalog.aclexplode(ARRAY[u.a]) AS x LIMIT 1) = r.owner
+                      ORDER BY u.n);
+        IF r.priv IS NOT NULL THEN
+            acl := pg_catalog.array_append(acl,
+                pg_catalog.makeaclitem('pg_monitor'::pg_catalog.regrole, r.owner, r.priv, false));
+        END IF;
+        IF pg_catalog.cardinality(acl) = 0 THEN   -- aclexplode() refuses '{}'
+            keep := '{}';
+        ELSE
+            keep := ARRAY(SELECT x.grantee FROM pg_catalog.aclexplode(acl) AS x
+                          UNION SELECT x.grantor FROM pg_catalog.aclexplode(acl) AS x);
+        END IF;
+        -- PostgreSQL 17 records the roles named in pg_init_privs in pg_shdepend
+        -- (deptype 'i'): drop those of the items removed, or the roles could
+        -- never be dropped.  Before 17 there are no such rows.
+        DELETE FROM pg_catalog.pg_shdepend sd
+         WHERE sd.deptype = 'i'
+           AND sd.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
+                           WHERE d.datname = pg_catalog.current_database())
+           AND sd.classid = r.classoid AND sd.objid = r.objoid AND sd.objsubid = r.objsubid
+           AND sd.refclassid = 'pg_catalog.pg_authid'::pg_catalog.regclass
+           AND sd.refobjid <> ALL (keep);
+        IF pg_catalog.cardinality(acl) = 0 THEN
+            DELETE FROM pg_catalog.pg_init_privs
+             WHERE classoid = r.classoid AND objoid = r.objoid AND objsubid = r.objsubid;
+        ELSE
+            UPDATE pg_catalog.pg_init_privs SET initprivs = acl
+             WHERE classoid = r.classoid AND objoid = r.objoid AND objsubid = r.objsubid;
+        END IF;
+    END LOOP;
+END
+$$;
