@@ -1,11 +1,11 @@
--- pgTAP: the SQL objects created by CREATE EXTENSION outbox (the current version, sql/outbox--1.2.sql).
+-- pgTAP: the SQL objects created by CREATE EXTENSION outbox (the current version, sql/outbox.sql).
 -- Run with: pg_prove -h 127.0.0.1 -p PORT -U postgres -d outbox test/pgtap/*.sql
 -- Everything happens in one transaction that is rolled back.
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(128);
+SELECT plan(130);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -26,6 +26,10 @@ $$, 'every table and view in schema outbox belongs to the extension');
 SELECT has_table('outbox', 'events', 'table outbox.events exists');
 SELECT is((SELECT relpersistence FROM pg_class WHERE oid = 'outbox.events'::regclass), 'p'::"char",
           'outbox.events is a permanent (WAL-logged) table');
+SELECT is((SELECT reloptions FROM pg_class WHERE oid = 'outbox.events'::regclass),
+          ARRAY['autovacuum_vacuum_scale_factor=0.0', 'autovacuum_vacuum_threshold=10000',
+                'autovacuum_vacuum_cost_delay=0'],
+          'outbox.events is vacuumed at 10,000 dead rows, unthrottled (storage parameters)');
 SELECT columns_are('outbox', 'events', ARRAY[
     'id', 'event_id', 'aggregate_type', 'aggregate_id', 'event_type', 'topic', 'payload',
     'headers', 'created_at', 'published_at', 'attempts', 'last_error', 'next_attempt_at',
@@ -249,6 +253,8 @@ $$, 'every function in schema outbox has a comment');
 -- comments say what the SQLSTATEs and the reserved headers are (the documented contract)
 SELECT matches(obj_description('outbox.emit(text, text, text, jsonb, jsonb, text)'::regprocedure, 'pg_proc'),
                '22004.*22023', 'outbox.emit comment documents SQLSTATEs 22004 and 22023');
+SELECT matches(obj_description('outbox.worker_status()'::regprocedure, 'pg_proc'),
+               'broker_down, paused, error\)', 'outbox.worker_status comment lists the states paused and error');
 
 -- a plain INSERT gets the documented defaults (inside this rolled-back transaction)
 INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type) VALUES ('t', '1', 'e');
