@@ -36,7 +36,7 @@ PGFILEDESC = "outbox - transactional outbox relayed to Apache Kafka"
 
 SHLIB_LINK += -lrdkafka
 PG_CPPFLAGS += -I$(srcdir)/src
-PG_CFLAGS += -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
+PG_CFLAGS += -Wextra -Wno-unused-parameter
 
 # pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/
 REGRESS = emit capture ops

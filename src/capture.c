@@ -240,7 +240,7 @@ static int
 set_render_settings(void)
 {
 	int			nestlevel = NewGUCNestLevel();
-	int			i;
+	size_t		i;
 
 	for (i = 0; i < lengthof(render_settings); i++)
 	{
