@@ -57,4 +57,16 @@
 #define outbox_new_wait_event(name)	((void) (name), PG_WAIT_EXTENSION)
 #endif
 
+/*
+ * PostgreSQL 17 added transaction_timeout, which also ends background
+ * workers' transactions (FATAL).  The relay turns it off for itself (see
+ * outbox_worker_main); before 17 there is nothing to turn off.
+ */
+#if PG_VERSION_NUM >= 170000
+#define outbox_disable_transaction_timeout() \
+	SetConfigOption("transaction_timeout", "0", PGC_SUSET, PGC_S_OVERRIDE)
+#else
+#define outbox_disable_transaction_timeout() ((void) 0)
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

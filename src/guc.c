@@ -41,13 +41,17 @@ char	   *outbox_kafka_properties = "";
 static char *kafka_properties_masked = NULL;
 
 /*
- * Why the configuration file's outbox.kafka_properties was refused when the
- * server started, or "".  PostgreSQL then only warns and starts with the
- * default (no properties): a relay that went on would connect without the
- * TLS or SASL settings it was given.  Inherited by the worker; cleared when
- * a value is accepted (a reload with the file fixed).
+ * Why the outbox.kafka_properties of the configuration file or the command
+ * line (-c) was refused when the server started, or "".  PostgreSQL then
+ * only warns and starts with the default (no properties): a relay that went
+ * on would connect without the TLS or SASL settings it was given.
+ * Inherited by the worker; cleared when a value is accepted (a reload with
+ * the file fixed), or, for a refusal from the file only, by a reload that
+ * refuses none.  A refused command-line value stays refused until a valid
+ * value is loaded: no reload can bring the command line back.
  */
 static char kafka_properties_refusal[256] = "";
+static bool kafka_properties_refused_on_command_line = false;
 
 /* values of outbox.kafka_properties from a configuration file refused so far */
 static uint64 kafka_properties_file_refusals = 0;
@@ -364,8 +368,13 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
 		if (source == PGC_S_FILE)
 			kafka_properties_file_refusals++;
-		if (process_shared_preload_libraries_in_progress && source == PGC_S_FILE)
+		if (process_shared_preload_libraries_in_progress &&
+			(source == PGC_S_FILE || source == PGC_S_ARGV))
+		{
 			strlcpy(kafka_properties_refusal, error, sizeof(kafka_properties_refusal));
+			if (source == PGC_S_ARGV)
+				kafka_properties_refused_on_command_line = true;
+		}
 		return false;
 	}
 
@@ -399,12 +408,14 @@ assign_kafka_properties(const char *newval, void *extra)
 {
 	outbox_kafka_properties = extra ? (char *) extra : "";
 	kafka_properties_refusal[0] = '\0';
+	kafka_properties_refused_on_command_line = false;
 }
 
 /*
  * outbox_kafka_properties_refusal
- *		Why the configuration file's outbox.kafka_properties was refused at
- *		server start (names properties, never values), or NULL if it was
+ *		Why the outbox.kafka_properties of the configuration file or the
+ *		command line was refused at server start (names properties, never
+ *		values), or NULL if it was
  *		not, or a valid value was loaded since.  The relay does not publish
  *		while this is set.
  */
@@ -419,7 +430,8 @@ outbox_kafka_properties_refusal(void)
  *		ProcessConfigFile(PGC_SIGHUP) for the relay.  A value refused at
  *		server start stays refused while the file still has a refused one;
  *		once a reload refuses none (the line fixed, or removed so that the
- *		default applies, which calls no assign hook) it is forgotten.
+ *		default applies, which calls no assign hook) it is forgotten.  One
+ *		refused on the command line is not: see kafka_properties_refusal.
  */
 void
 outbox_reload_config_file(void)
@@ -427,7 +439,8 @@ outbox_reload_config_file(void)
 	uint64		refusals = kafka_properties_file_refusals;
 
 	ProcessConfigFile(PGC_SIGHUP);
-	if (kafka_properties_file_refusals == refusals)
+	if (kafka_properties_file_refusals == refusals &&
+		!kafka_properties_refused_on_command_line)
 		kafka_properties_refusal[0] = '\0';
 }
 

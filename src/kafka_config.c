@@ -40,24 +40,55 @@ static const char *const forbidden_kafka_properties[] = {
 };
 
 /*
+ * Parts of property names whose values may be secrets.  Matched anywhere in
+ * the name and in any case, so that a newer librdkafka's properties (e.g.
+ * sasl.oauthbearer.assertion.private.key.passphrase) and a mistyped name
+ * (SASL.PASSWORD, which librdkafka refuses, but the value is shown anyway)
+ * are masked too.  A name that only looks secret costs nothing but a
+ * masked value.
+ */
+static const char *const secret_name_parts[] = {
+	"password",
+	"passphrase",
+	"secret",
+	"token",
+	"credential",
+	"private",
+	"key.pem",
+	"ssl_key",
+	"ssl.key",
+	"keystore",
+	"sasl.oauthbearer.config",
+	"sasl.username",
+	"url",						/* an endpoint URL may carry user:password@ */
+};
+
+/*
  * outbox_kafka_property_is_secret
  *		True if the value of librdkafka property key may be a secret:
- *		passwords, secrets, keys and keystores, the SASL user name, OAuth
- *		configuration and any URL (it may carry user:password@).  Such
+ *		passwords and passphrases, secrets and tokens, keys, private keys and
+ *		keystores, the SASL user name, OAuth configuration and any URL.  Such
  *		values never appear in SHOW, pg_settings, the log or a message.
+ *		Case does not matter.
  */
 bool
 outbox_kafka_property_is_secret(const char *key)
 {
-	return strstr(key, "password") != NULL ||
-		strstr(key, "secret") != NULL ||
-		strstr(key, "sasl.oauthbearer.config") != NULL ||
-		strstr(key, "ssl.key.pem") != NULL ||
-		strstr(key, "ssl_key") != NULL ||
-		strstr(key, "ssl.keystore") != NULL ||
-		strstr(key, "sasl.username") != NULL ||
-	/* an endpoint URL may carry user:password@ */
-		strstr(key, "url") != NULL;
+	size_t		i;
+
+	for (i = 0; i < lengthof(secret_name_parts); i++)
+	{
+		size_t		n = strlen(secret_name_parts[i]);
+		const char *p;
+
+		/* no allocation: this also runs in the log hook */
+		for (p = key; *p; p++)
+		{
+			if (pg_strncasecmp(p, secret_name_parts[i], n) == 0)
+				return true;
+		}
+	}
+	return false;
 }
 
 /*

@@ -79,8 +79,10 @@ warn_if_not_relayed_here(FunctionCallInfo fcinfo)
 		case OUTBOX_NOT_PRELOADED:
 			ereport(WARNING,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("outbox.%s() has no effect on any relay: the outbox library is not in shared_preload_libraries",
-							get_func_name(fcinfo->flinfo->fn_oid))));
+					 errmsg("outbox.%s() has no effect on any relay now: the outbox library is not in shared_preload_libraries",
+							get_func_name(fcinfo->flinfo->fn_oid)),
+					 errdetail("What it changed is stored: a relay that starts later in this database (outbox.database) acts on it."),
+					 errhint("Add outbox to shared_preload_libraries and restart the server.")));
 			break;
 		case OUTBOX_OTHER_DATABASE:
 			ereport(WARNING,

@@ -142,6 +142,20 @@ outbox_worker_main(Datum main_arg)
 	/* those disabled paths cost 1e10, which would make every claim JIT-compile */
 	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
+	/*
+	 * A batch's transaction stays open while Kafka acknowledges the batch,
+	 * up to outbox.delivery_timeout, and longer while Kafka is slow.  A
+	 * timeout meant for client sessions (transaction_timeout set for the
+	 * server, the database or the role) would end the relay with FATAL
+	 * every time, in a loop.  Like autovacuum, the relay is not bound by
+	 * them; lock_timeout still applies (a blocked claim is an error that
+	 * outbox.status shows, then retried).
+	 */
+	SetConfigOption("statement_timeout", "0", PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("idle_in_transaction_session_timeout", "0", PGC_SUSET,
+					PGC_S_OVERRIDE);
+	outbox_disable_transaction_timeout();
+
 	outbox_shared_register_worker();
 	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
 

@@ -4,7 +4,8 @@
 # outbox.emit() in the same transactions, some rolled back), and show the events arriving in Kafka.
 #
 # Usage: test/demo.sh                      run the demo; the servers keep running afterwards
-#        OUTBOX_PG_MAJOR=17 test/demo.sh   the same on PostgreSQL 17 (15, 16, 17 or 18; default 15)
+#        OUTBOX_PG_MAJOR=17 test/demo.sh   the same on PostgreSQL 17 (15, 16, 17 or 18; default 15);
+#                                          a demo cluster of another major is deleted and made anew
 #        test/demo.sh stop                 stop the demo's Postgres and Kafka
 #
 # Postgres: 127.0.0.1:54329 (/tmp/outbox-pg), Kafka: 127.0.0.1:19092 (/tmp/outbox-kafka).
@@ -31,7 +32,8 @@ test/env/deps.sh
 
 step "2/6 build and install the extension into PostgreSQL $MAJOR"
 # 15 is Debian's; 16 to 18 are fetched once from PyPI (test/env/pgmajor.sh)
-PATH="$(test/env/pgmajor.sh "$MAJOR"):$PATH"
+BINDIR=$(test/env/pgmajor.sh "$MAJOR") || exit 1
+PATH="$BINDIR:$PATH"
 export PATH
 make -s clean
 make -s

@@ -112,6 +112,8 @@ bindir() {
 case "${1:-}" in
     fetch) shift; [[ $# -gt 0 ]] || set -- 16 17 18
            for m in "$@"; do bindir "$m" >/dev/null; done ;;
-    1[5-9]) bindir "$1" ;;
+    [0-9]*) [[ "$1" =~ ^(15|16|17|18)$ ]] \
+                || die "PostgreSQL $1 is not supported: outbox runs on 15, 16, 17 and 18"
+            bindir "$1" ;;
     *) sed -n '2,20p' "$0"; exit 2 ;;
 esac

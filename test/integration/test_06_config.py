@@ -273,3 +273,90 @@ def test_first_event_to_an_auto_created_topic_is_no_failed_attempt(env, conn):
         set_conf(conn, max_attempts=None)
         query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
               (agg_type,))
+
+
+def test_transaction_timeout_does_not_end_the_relay(env, prefix, reader_factory):
+    """A batch's transaction stays open while Kafka acknowledges it.  PostgreSQL 17's
+    transaction_timeout, set for the server (or a database or role), ended the relay with FATAL
+    in a loop whenever Kafka was slow (a trial: every 16 s during an outage).  The relay turns
+    it off for itself; here it is 1 s while the broker is frozen for 4 s mid-batch."""
+    import os
+    import signal
+    conn = pg_connect(env)
+    major = query_one(conn, "SELECT current_setting('server_version_num')::int / 10000")[0]
+    if major < 17:
+        conn.close()
+        pytest.skip("transaction_timeout exists from PostgreSQL 17 on")
+    agg_type = new_aggregate_type("txtimeout")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    broker = None
+    watcher = LogWatcher(env)
+    try:
+        query(conn, "ALTER SYSTEM SET transaction_timeout = '1s'")
+        query(conn, f"ALTER DATABASE \"{env.pg_database}\" SET transaction_timeout = '1s'")
+        query(conn, "SELECT pg_reload_conf()")
+        pg_sh(env, "restart")           # the relay connects again, under the database's setting
+        conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
+        pid = wait_relay_ready(env)["pid"]
+        with open(Path(env.kafka_dir) / "broker.pid") as f:
+            broker = int(f.read().strip())
+        os.kill(broker, signal.SIGSTOP)
+        emitted = emit_round_robin(conn, agg_type, 3, 5, "txt")
+        conn.autocommit = True
+        time.sleep(4)
+        os.kill(broker, signal.SIGCONT)
+        broker = None
+        deliver_all(reader, emitted)
+        st = relay_status(conn)[0]
+        lines = watcher.new_lines()
+        timeouts = [ln for ln in lines if "transaction timeout" in ln]
+        assert not timeouts, "\n".join(timeouts)
+        assert st["pid"] == pid, (pid, st)
+    finally:
+        if broker is not None:
+            os.kill(broker, signal.SIGCONT)
+        c = wait_until(lambda: pg_connect(env), 30, "a connection")
+        query(c, "ALTER SYSTEM RESET transaction_timeout")
+        query(c, f"ALTER DATABASE \"{env.pg_database}\" RESET transaction_timeout")
+        query(c, "SELECT pg_reload_conf()")
+        c.close()
+        conn.close()
+        wait_relay_ready(env)
+
+
+def test_refused_kafka_properties_on_the_command_line_stop_the_relay(env, prefix, reader_factory):
+    """Like a refused value in postgresql.conf, one given on the command line (-c, as some
+    service managers pass settings) must not make the relay connect without it (a trial saw
+    events published over plaintext).  No reload brings the command line back: the relay
+    waits in config_error until a valid value is loaded."""
+    agg_type = new_aggregate_type("badargv")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    conn = None
+    try:
+        pg_sh(env, "stop")
+        pg_sh(env, "ctl", "start", "-w", "-l", str(Path(env.pg_dir) / "server.log"),
+              "-o", "-c outbox.kafka_properties='security.protocol=ssl;oops'")
+        conn = wait_until(lambda: pg_connect(env), 30, "a connection after the start")
+        st = wait_until(lambda: (lambda r: r[0] if r and r[0]["state"] == "config_error" else None)(
+            relay_status(conn)), 30, "state config_error after a start with a refused -c value")
+        assert "refused when the server started" in st["last_error"], st
+        emitted = emit_round_robin(conn, agg_type, 2, 3, "badargv")
+        conn.autocommit = True
+        query(conn, "SELECT pg_reload_conf()")      # a reload refuses nothing: still refused
+        time.sleep(3)
+        assert relay_status(conn)[0]["state"] == "config_error", relay_status(conn)
+        assert pending(conn, agg_type) == len(emitted), "published without the given properties"
+        set_conf(conn, kafka_properties="linger.ms=3")
+        deliver_all(reader, emitted)
+    finally:
+        c = conn or wait_until(lambda: pg_connect(env), 30, "a connection")
+        set_conf(c, kafka_properties=None)
+        c.close()
+        # pg_ctl restart would reuse the -c option: stop, then start plainly
+        pg_sh(env, "stop")
+        pg_sh(env, "start")
+        wait_relay_ready(env)
