@@ -7,7 +7,7 @@
 # ${CARGO_HOME:-~/.cargo}/bin; a second run finds it there).  Then: META.json's version is the
 # extension's default_version (1.3 -> 1.3.x), its provides entry has that version and names files
 # that exist, and `make dist` gives a zip holding META.json, the control file, every source and
-# every SQL script.
+# every SQL script, which builds alone with no warning against the pg_config first on PATH.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,7 +28,7 @@ validator() {
 }
 
 check() {
-    local bin control_version meta_version zip listing f
+    local bin control_version meta_version dir listing f
     bin=$(validator)
     "$bin" META.json || die "META.json is not valid under the PGXN meta spec"
 
@@ -45,14 +45,19 @@ for name, ext in meta["provides"].items():
         assert os.path.isfile(ext[key]), f"{name}: {key} {ext[key]} is missing"
 PY
 
-    zip=$(mktemp -d /tmp/outbox-pgxn.XXXXXX)
-    make -s dist DISTDIR="$zip" >/dev/null
-    listing=$(python3 -m zipfile -l "$zip"/outbox-"$meta_version".zip)
-    rm -rf "$zip"
+    dir=$(mktemp -d /tmp/outbox-pgxn.XXXXXX)
+    trap 'rm -rf "$dir"' RETURN
+    make -s dist DISTDIR="$dir" >/dev/null
+    listing=$(python3 -m zipfile -l "$dir"/outbox-"$meta_version".zip)
     for f in META.json Makefile outbox.control README.md $(git ls-files src sql); do
         grep -q " *outbox-$meta_version/$f " <<<"$listing" || die "make dist left out $f"
     done
+    python3 -m zipfile -e "$dir"/outbox-"$meta_version".zip "$dir"
+    (cd "$dir/outbox-$meta_version" && make >"$dir/build.log" 2>&1) \
+        || { cat "$dir/build.log"; die "the make dist zip does not build"; }
+    ! grep -E 'warning:|error:' "$dir/build.log" || die "the make dist zip builds with warnings"
     echo "pgxn.sh: META.json valid (pgxn_meta $VALIDATOR_VERSION), version $meta_version, make dist complete"
+    echo "summary: PGXN zip builds with 0 warnings"
 }
 
 case "${1:-}" in

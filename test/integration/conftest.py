@@ -192,6 +192,11 @@ def emit(cur, aggregate_type: str, aggregate_id: str, event_type: str,
     return str(event_id)
 
 
+def server_major(conn) -> int:
+    """The server's PostgreSQL major (15, 16, 17, 18): some behaviour differs by release."""
+    return query_one(conn, "SELECT current_setting('server_version_num')::int / 10000")[0]
+
+
 def relay_status(conn) -> List[dict]:
     with conn.cursor() as cur:
         cur.execute("SELECT * FROM outbox.status")

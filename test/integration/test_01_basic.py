@@ -6,7 +6,8 @@ import psycopg2
 import pytest
 
 from conftest import (assert_no_problems, create_topics, delivery_errors, emit, event_rows, message_problems,
-                      new_aggregate_type, query, query_one, relay_status, wait_until)
+                      new_aggregate_type, query, query_one, relay_status, server_major,
+                      wait_until)
 
 
 def test_tombstone_and_event_fields(env, conn, prefix, reader_factory):
@@ -172,7 +173,7 @@ def test_status_shows_worker(env, conn, prefix, reader_factory):
 def test_wait_events_name_what_the_relay_waits_for(conn):
     """pg_stat_activity shows what the relay waits for: from PostgreSQL 17 on by name
     (custom wait events), before 17 as the generic "Extension"."""
-    major = query_one(conn, "SELECT current_setting('server_version_num')::int / 10000")[0]
+    major = server_major(conn)
     pid = wait_until(lambda: relay_status(conn) and relay_status(conn)[0]["pid"], 30, "a relay")
 
     def wait_event():

@@ -5,6 +5,8 @@ bootstrap list idles the relay; a changed bootstrap list is picked up without a 
 retention deletes published rows.
 """
 import collections
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import psycopg2
 import pytest
 
 from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type, pg_connect,
-                      pg_sh, query, query_one, relay_status, unique_messages, wait_relay_ready,
-                      wait_until)
+                      pg_sh, query, query_one, relay_status, server_major, unique_messages,
+                      wait_relay_ready, wait_until)
 
 
 def set_conf(conn, **settings):
@@ -280,10 +282,8 @@ def test_transaction_timeout_does_not_end_the_relay(env, prefix, reader_factory)
     transaction_timeout, set for the server (or a database or role), ended the relay with FATAL
     in a loop whenever Kafka was slow (a trial: every 16 s during an outage).  The relay turns
     it off for itself; here it is 1 s while the broker is frozen for 4 s mid-batch."""
-    import os
-    import signal
     conn = pg_connect(env)
-    major = query_one(conn, "SELECT current_setting('server_version_num')::int / 10000")[0]
+    major = server_major(conn)
     if major < 17:
         conn.close()
         pytest.skip("transaction_timeout exists from PostgreSQL 17 on")

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import (create_topics, event_rows, message_problems, new_aggregate_type,
                       pg_connect, pg_sh, query, query_one, relay_status, report,
-                      unique_messages, wait_relay_ready, wait_until)
+                      server_major, unique_messages, wait_relay_ready, wait_until)
 from helpers_security import (Log, alter_system, drop_role, emit_many, entries, full_error,
                               lines_of_pid, pending_count, reload, safe_unlink,
                               set_system, status, unique, wait_counts, wait_session_shows,
@@ -326,7 +326,7 @@ def test_secret_not_in_pg_stat_statements_or_pg_stat_activity(env):
         assert "kafka_properties" in activity, activity
         # PostgreSQL 18's pg_stat_statements replaces the constants of utility statements by
         # $1 itself; before 18 it keeps the text our hook masked
-        major = query_one(conn, "SELECT current_setting('server_version_num')::int / 10000")[0]
+        major = server_major(conn)
         masked = "= $1" if major >= 18 else "(not shown)"
         assert any(masked in q for q in statements), statements
         for where, text in [("pg_stat_activity", activity)] + [("pg_stat_statements", q) for q in statements]:
