@@ -9,7 +9,7 @@
 
 EXTENSION = outbox
 # the current version: outbox.control's default_version must say the same (checked below)
-EXTVERSION = 1.3
+EXTVERSION = 1.4
 MODULE_big = outbox
 # in data-path order: start-up, settings, the write side, the relay
 # process, the state both sides share
@@ -24,6 +24,7 @@ OBJS = \
 	src/ops.o \
 	src/worker.o \
 	src/relay.o \
+	src/snapshot.o \
 	src/producer.o \
 	src/shmem.o \
 	src/status.o

@@ -62,7 +62,8 @@ CREATE TABLE outbox.events (
     last_error      text,
     next_attempt_at timestamptz,
     permanent_failures integer NOT NULL DEFAULT 0,
-    failed_at       timestamptz
+    failed_at       timestamptz,
+    xid             pg_catalog.xid8
 ) WITH (
     autovacuum_vacuum_scale_factor = 0.0,
     autovacuum_vacuum_threshold = 10000,
@@ -78,7 +79,10 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
 
 /* "oldest unpublished first": the relay's claim walks this index in id order */
 CREATE INDEX events_pending_idx ON outbox.events (id)
-    WHERE published_at IS NULL;
+    WHERE published_at IS NULL AND xid IS NULL;
+
+/* the relay's batches find the events of late committers by transaction */
+CREATE INDEX events_xid_idx ON outbox.events (xid);
 
 /*
  * Aggregates whose oldest pending event has failed at least once.  Later
@@ -120,6 +124,8 @@ COMMENT ON COLUMN outbox.events.permanent_failures IS
 'Number of delivery attempts Kafka refused with a permanent error (message too large, topic refused, ...). Transient failures (broker unreachable, timeouts) do not count. At outbox.max_attempts the event is marked failed.';
 COMMENT ON COLUMN outbox.events.failed_at IS
 'When the event was marked failed (a dead letter): it is not retried until outbox.retry_failed(). With outbox.on_failed_event = hold, later events of its aggregate wait behind it. NULL = not failed.';
+COMMENT ON COLUMN outbox.events.xid IS
+'Writing (top-level) transaction of an event tracked by snapshot (outbox.relay_mode = snapshot): the relay publishes it in the batch whose commit snapshot first shows that transaction, and never writes the row; published_at stays NULL, outbox.published(e) tells. NULL for an event tracked row by row (published_at, attempts, failed_at), as every event was before 1.4; replayed, failed and restored events are tracked row by row.';
 COMMENT ON SEQUENCE outbox.events_id_seq IS
 'Identity sequence of outbox.events.id; pg_dump keeps its position.';
 
@@ -145,6 +151,65 @@ COMMENT ON COLUMN outbox.relay.paused_at IS
 'When outbox.pause() was called; NULL when not paused.';
 COMMENT ON COLUMN outbox.relay.paused_by IS
 'Role (session user) that called outbox.pause(); NULL when not paused.';
+
+/*
+ * The relay's progress through events tracked by snapshot (snapshot.c): the
+ * commit snapshot up to which every such event is published, and the id
+ * floor read just before it was taken; batch_* describe a batch published
+ * in chunks, up to batch_last_id.  One row, written by the relay in the
+ * transaction of each batch.  pg_dump keeps it, with the system identifier
+ * of the cluster it was written in: restored into another cluster (where
+ * transaction ids mean something else), it tells the relay which restored
+ * events were published; the relay then tracks them row by row and writes
+ * a new row for this cluster.
+ */
+CREATE TABLE outbox.relay_progress (
+    system_identifier bigint NOT NULL,
+    snapshot        pg_catalog.pg_snapshot,
+    id_floor        bigint NOT NULL DEFAULT 0,
+    batch_snapshot  pg_catalog.pg_snapshot,
+    batch_id_floor  bigint,
+    batch_last_id   bigint
+);
+INSERT INTO outbox.relay_progress (system_identifier)
+SELECT system_identifier FROM pg_catalog.pg_control_system();
+SELECT pg_catalog.pg_extension_config_dump('outbox.relay_progress', '');
+
+COMMENT ON TABLE outbox.relay_progress IS
+'Relay progress through events tracked by snapshot (outbox.relay_mode = snapshot): one row per cluster the database was written in, normally one. Written by the relay only.';
+COMMENT ON COLUMN outbox.relay_progress.system_identifier IS
+'System identifier (pg_control_system()) of the cluster whose transaction ids snapshot refers to.';
+COMMENT ON COLUMN outbox.relay_progress.snapshot IS
+'Every event whose xid is visible in this commit snapshot is published. NULL before the first batch.';
+COMMENT ON COLUMN outbox.relay_progress.id_floor IS
+'Highest event id handed out before snapshot was taken: later events not visible in it have higher ids.';
+COMMENT ON COLUMN outbox.relay_progress.batch_snapshot IS
+'Snapshot of the batch being published in chunks; NULL between batches.';
+COMMENT ON COLUMN outbox.relay_progress.batch_id_floor IS
+'id_floor of batch_snapshot; NULL between batches.';
+COMMENT ON COLUMN outbox.relay_progress.batch_last_id IS
+'Events of the batch up to this id are published; NULL between batches.';
+
+/*
+ * outbox.published(e): whether an event is published, however it is
+ * tracked.  An event tracked by snapshot has no published_at.
+ */
+CREATE FUNCTION outbox.published(e outbox.events)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+SELECT CASE WHEN e.xid IS NULL THEN e.published_at IS NOT NULL
+       ELSE COALESCE((SELECT pg_catalog.pg_visible_in_snapshot(e.xid, p.snapshot)
+                             OR (e.id <= p.batch_last_id
+                                 AND pg_catalog.pg_visible_in_snapshot(e.xid, p.batch_snapshot))
+                        FROM outbox.relay_progress AS p
+                       WHERE p.system_identifier =
+                             (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)), false)
+       END
+$$;
+
+COMMENT ON FUNCTION outbox.published(outbox.events) IS
+'True if Kafka acknowledged the event: published_at is set (events tracked row by row), or the relay''s progress covers its transaction (events tracked by snapshot, which have no published_at). Usable as e.published on a row of outbox.events. Needs SELECT on outbox.relay_progress.';
 
 /*
  * outbox.emit: the SQL API.  Implemented in C (src/emit.c) so that the
@@ -230,8 +295,23 @@ SELECT w.database,
        SELECT pg_catalog.count(*) FILTER (WHERE e.failed_at IS NULL) AS pending,
               pg_catalog.count(*) FILTER (WHERE e.failed_at IS NOT NULL) AS failed_events,
               pg_catalog.min(e.created_at) FILTER (WHERE e.failed_at IS NULL) AS oldest_pending_at
-         FROM outbox.events AS e
-        WHERE e.published_at IS NULL) AS p;
+         FROM (SELECT r.failed_at, r.created_at
+                 FROM outbox.events AS r
+                WHERE r.published_at IS NULL AND r.xid IS NULL
+               UNION ALL
+               -- tracked by snapshot: above the id floor or late committers
+               SELECT NULL, s.created_at
+                 FROM outbox.relay_progress AS g
+                 JOIN outbox.events AS s
+                   ON s.id > g.id_floor
+                   OR s.xid = ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip(g.snapshot)))
+                WHERE g.system_identifier =
+                      (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)
+                  AND s.xid IS NOT NULL
+                  AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot(s.xid, g.snapshot), false)
+                  AND NOT COALESCE(s.id <= g.batch_last_id
+                                   AND pg_catalog.pg_visible_in_snapshot(s.xid, g.batch_snapshot), false)
+              ) AS e) AS p;
 
 COMMENT ON VIEW outbox.status IS
 'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. Empty when no relay worker runs.';
@@ -311,6 +391,8 @@ REVOKE ALL ON FUNCTION outbox.retry_failed(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.worker_status() FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.events FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.relay FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.relay_progress FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.published(outbox.events) FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.status FROM PUBLIC;
 
 /* monitoring: pg_monitor may read the status, nothing else */

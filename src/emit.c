@@ -18,6 +18,12 @@
 #include "topic.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "utils/lsyscache.h"
+#include "utils/timestamp.h"
+#include "utils/xid8.h"
 #include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -35,6 +41,14 @@ static bool xact_callback_registered = false;
 
 /* INSERT plan, prepared once per backend */
 static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr insert_xid_plan = NULL;	/* also sets xid (schema 1.4) */
+
+/* this database's events may carry their xid: see snapshot_tracking_ready */
+static bool snapshot_ready = false;
+static TimestampTz snapshot_checked_at = 0;
+
+/* how often a backend looks again after the answer was no, ms */
+#define SNAPSHOT_RECHECK_MS 10000
 
 /* warn_if_not_relayed() has run in this backend */
 static bool relay_checked = false;
@@ -188,6 +202,77 @@ warn_if_not_relayed(void)
 }
 
 /*
+ * Prepare (once per backend) the INSERT of an event, with the xid column
+ * (schema 1.4, outbox.relay_mode = snapshot) or without.  Every name is
+ * schema-qualified: search_path plays no part.
+ */
+static SPIPlanPtr
+prepare_insert(SPIPlanPtr *cache, bool with_xid)
+{
+	Oid			argtypes[7] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID,
+	XID8OID};
+
+	if (*cache == NULL)
+	{
+		SPIPlanPtr	plan;
+
+		plan = SPI_prepare(with_xid ?
+						   "INSERT INTO outbox.events"
+						   " (aggregate_type, aggregate_id, event_type, payload, headers, topic, xid)"
+						   " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING event_id" :
+						   "INSERT INTO outbox.events"
+						   " (aggregate_type, aggregate_id, event_type, payload, headers, topic)"
+						   " VALUES ($1, $2, $3, $4, $5, $6) RETURNING event_id",
+						   with_xid ? 7 : 6, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: SPI_prepare failed: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		*cache = plan;
+	}
+	return *cache;
+}
+
+/*
+ * May this backend's events be tracked by snapshot?  Only when the schema
+ * has outbox.relay_progress (1.4) and its one row was written in this
+ * cluster: after a pg_dump/pg_restore into another cluster the restored row
+ * names the source's system identifier, the relay has not yet converted the
+ * restored events (see snapshot.c), and new events are written the row way
+ * until it has.  A yes is kept for the backend's life; a no is asked again
+ * every SNAPSHOT_RECHECK_MS.  Runs inside SPI.
+ */
+static bool
+snapshot_tracking_ready(void)
+{
+	TimestampTz now;
+	Oid			nsp;
+
+	if (snapshot_ready)
+		return true;
+	now = GetCurrentTimestamp();
+	if (!TimestampDifferenceExceeds(snapshot_checked_at, now, SNAPSHOT_RECHECK_MS))
+		return false;
+	snapshot_checked_at = now;
+	nsp = get_namespace_oid(OUTBOX_SCHEMA, true);
+	if (!OidIsValid(nsp) || !OidIsValid(get_relname_relid("relay_progress", nsp)))
+		return false;
+	if (SPI_execute("SELECT system_identifier FROM outbox.relay_progress",
+					true, 2) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.relay_progress");
+	if (SPI_processed == 1)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+									  1, &isnull);
+
+		snapshot_ready = !isnull &&
+			DatumGetInt64(d) == (int64) GetSystemIdentifier();
+	}
+	return snapshot_ready;
+}
+
+/*
  * outbox_insert_event
  *		Insert one validated event into outbox.events in the current
  *		transaction and make its commit wake the relay.
@@ -203,8 +288,8 @@ warn_if_not_relayed(void)
 pg_uuid_t *
 outbox_insert_event(const OutboxEvent *event, const char *context)
 {
-	Datum		values[6];
-	char		nulls[6];
+	Datum		values[7];
+	char		nulls[7];
 	bool		isnull;
 	Datum		event_id;
 	pg_uuid_t  *result;
@@ -221,32 +306,30 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 	values[3] = PointerGetDatum(event->payload);
 	values[4] = PointerGetDatum(event->headers);
 	values[5] = PointerGetDatum(event->topic);
+	values[6] = (Datum) 0;
 	nulls[0] = nulls[1] = nulls[2] = ' ';
 	nulls[3] = event->payload == NULL ? 'n' : ' ';
 	nulls[4] = event->headers == NULL ? 'n' : ' ';
 	nulls[5] = event->topic == NULL ? 'n' : ' ';
+	nulls[6] = 'n';
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "outbox: SPI_connect failed");
 
-	if (insert_plan == NULL)
+	if (outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT && snapshot_tracking_ready())
 	{
-		Oid			argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID};
-		SPIPlanPtr	plan;
-
-		/* every name is schema-qualified: search_path plays no part */
-		plan = SPI_prepare("INSERT INTO outbox.events"
-						   " (aggregate_type, aggregate_id, event_type, payload, headers, topic)"
-						   " VALUES ($1, $2, $3, $4, $5, $6) RETURNING event_id",
-						   6, argtypes);
-		if (plan == NULL)
-			elog(ERROR, "outbox: SPI_prepare failed: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		insert_plan = plan;
+		/*
+		 * The transaction gets its xid before the event takes its id from
+		 * the sequence: the relay's batches rely on that order (snapshot.c).
+		 */
+		values[6] = FullTransactionIdGetDatum(GetTopFullTransactionId());
+		nulls[6] = ' ';
+		ret = SPI_execute_plan(prepare_insert(&insert_xid_plan, true),
+							   values, nulls, false, 1);
 	}
-
-	ret = SPI_execute_plan(insert_plan, values, nulls, false, 1);
+	else
+		ret = SPI_execute_plan(prepare_insert(&insert_plan, false),
+							   values, nulls, false, 1);
 	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "outbox: INSERT into outbox.events failed: %s",
 			 SPI_result_code_string(ret));

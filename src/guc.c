@@ -61,6 +61,7 @@ int			outbox_delivery_timeout = 30000;
 int			outbox_retry_backoff_max = 30000;
 int			outbox_max_attempts = 10;
 int			outbox_on_failed_event = OUTBOX_ON_FAILED_HOLD;
+int			outbox_relay_mode = OUTBOX_RELAY_ROW;
 char	   *outbox_allowed_topics = NULL;
 char	   *outbox_role = NULL;
 
@@ -70,6 +71,12 @@ const char *outbox_allowed_topic_list = NULL;
 static const struct config_enum_entry on_failed_event_options[] = {
 	{"hold", OUTBOX_ON_FAILED_HOLD, false},
 	{"skip", OUTBOX_ON_FAILED_SKIP, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry relay_mode_options[] = {
+	{"row", OUTBOX_RELAY_ROW, false},
+	{"snapshot", OUTBOX_RELAY_SNAPSHOT, false},
 	{NULL, 0, false}
 };
 
@@ -196,6 +203,16 @@ outbox_define_gucs(void)
 							 &outbox_on_failed_event,
 							 OUTBOX_ON_FAILED_HOLD,
 							 on_failed_event_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("outbox.relay_mode",
+							 "How new events are tracked until Kafka acknowledged them.",
+							 "row: each event is locked by the relay and updated once published (1.3); snapshot: the relay keeps one progress record, the commit snapshot up to which everything is published, and never writes an event row on the way (schema 1.4).",
+							 &outbox_relay_mode,
+							 OUTBOX_RELAY_ROW,
+							 relay_mode_options,
 							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);

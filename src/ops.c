@@ -14,6 +14,7 @@
 #include "outbox.h"
 
 #include "catalog/pg_type.h"
+#include "catalog/namespace.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
@@ -189,6 +190,28 @@ outbox_resume(PG_FUNCTION_ARGS)
 	" WHERE published_at IS NOT NULL"
 
 /*
+ * From 1.4 on, a published event tracked by snapshot has no published_at:
+ * outbox.published() tells, and the replayed event is tracked row by row
+ * from then on (xid = NULL), so that the relay sends it again.
+ */
+#define REPLAY_SET_14 \
+	"UPDATE outbox.events AS e" \
+	"   SET published_at = NULL, next_attempt_at = NULL, xid = NULL" \
+	" WHERE outbox.published(e)"
+
+/*
+ * Is the installed schema 1.4 or later (outbox.relay_progress exists)?  The
+ * library may be newer than the schema until ALTER EXTENSION outbox UPDATE.
+ */
+static bool
+schema_tracks_snapshots(void)
+{
+	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, true);
+
+	return OidIsValid(nsp) && OidIsValid(get_relname_relid("relay_progress", nsp));
+}
+
+/*
  * outbox_replay_since
  *		SQL: outbox.replay(since timestamptz) RETURNS bigint
  *
@@ -203,7 +226,9 @@ outbox_replay_since(PG_FUNCTION_ARGS)
 
 	warn_if_not_relayed_here(fcinfo);
 
-	PG_RETURN_INT64((int64) run(REPLAY_SET " AND created_at >= $1", 1, argtypes,
+	PG_RETURN_INT64((int64) run(schema_tracks_snapshots() ?
+								REPLAY_SET_14 " AND e.created_at >= $1" :
+								REPLAY_SET " AND created_at >= $1", 1, argtypes,
 								values, true));
 }
 
@@ -227,7 +252,9 @@ outbox_replay_range(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("from_id (" INT64_FORMAT ") must not be greater than to_id (" INT64_FORMAT ")",
 						PG_GETARG_INT64(0), PG_GETARG_INT64(1))));
-	PG_RETURN_INT64((int64) run(REPLAY_SET " AND id BETWEEN $1 AND $2", 2,
+	PG_RETURN_INT64((int64) run(schema_tracks_snapshots() ?
+								REPLAY_SET_14 " AND e.id BETWEEN $1 AND $2" :
+								REPLAY_SET " AND id BETWEEN $1 AND $2", 2,
 								argtypes, values, true));
 }
 
@@ -252,6 +279,12 @@ outbox_purge(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("older_than must not be negative")));
+	if (schema_tracks_snapshots())
+		PG_RETURN_INT64((int64) run("DELETE FROM outbox.events AS e"
+									" WHERE outbox.published(e)"
+									"   AND COALESCE(e.published_at, e.created_at)"
+									"       < pg_catalog.clock_timestamp() - $1",
+									1, argtypes, values, false));
 	PG_RETURN_INT64((int64) run("DELETE FROM outbox.events"
 								" WHERE published_at IS NOT NULL"
 								"   AND published_at < pg_catalog.clock_timestamp() - $1",

@@ -66,6 +66,7 @@ extern int	outbox_delivery_timeout;	/* ms: message.timeout.ms */
 extern int	outbox_retry_backoff_max;	/* ms: cap of the per-event backoff */
 extern int	outbox_max_attempts;		/* permanent failures before "failed" */
 extern int	outbox_on_failed_event;		/* OUTBOX_ON_FAILED_* */
+extern int	outbox_relay_mode;			/* OUTBOX_RELAY_* */
 extern char *outbox_allowed_topics;	/* topics emit() accepts; '' = all */
 extern char *outbox_role;				/* role the relay runs as; '' = superuser */
 extern const char *outbox_allowed_topic_list;	/* outbox.allowed_topics, parsed */
@@ -73,6 +74,10 @@ extern const char *outbox_allowed_topic_list;	/* outbox.allowed_topics, parsed *
 /* outbox.on_failed_event: later events of a failed event's aggregate ... */
 #define OUTBOX_ON_FAILED_HOLD	0	/* ... wait behind it */
 #define OUTBOX_ON_FAILED_SKIP	1	/* ... go on without it */
+
+/* outbox.relay_mode: how emit() marks new events for the relay */
+#define OUTBOX_RELAY_ROW		0	/* per-row state (published_at) */
+#define OUTBOX_RELAY_SNAPSHOT	1	/* writing transaction (xid), see snapshot.c */
 
 extern void outbox_define_gucs(void);
 extern const char *outbox_kafka_properties_refusal(void);

@@ -23,6 +23,7 @@
  */
 #include "outbox.h"
 #include "relay.h"
+#include "snapshot.h"
 #include "status.h"
 #include "topic.h"
 
@@ -104,6 +105,19 @@ typedef enum ClaimVariant
 	NUM_CLAIM_VARIANTS
 } ClaimVariant;
 
+/* from 1.4 on, only events written before the update are claimed */
+static const char *const claim_sql_legacy[NUM_CLAIM_VARIANTS] = {
+	CLAIM_SELECT " AND e.xid IS NULL"
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL"
+	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL"
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
+	CLAIM_ORDER
+};
+
 static const char *const claim_sql[NUM_CLAIM_VARIANTS] = {
 	CLAIM_SELECT
 	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
@@ -181,11 +195,59 @@ static const char *const cleanup_sql =
 "    WHERE h.published_at < $1))";
 
 /*
+ * Retention of 1.4 events: the CLEANUP_CHUNK oldest events the progress
+ * snapshot shows published (below its id floor, visible in it), of which
+ * those created before $1 are deleted.
+ */
+static const char *const cleanup_v2_sql =
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT e.id, e.created_at FROM outbox.events AS e"
+"                      WHERE e.xid IS NOT NULL"
+"                        AND e.id <= (SELECT r.id_floor FROM outbox.relay_progress AS r)"
+"                        AND pg_catalog.pg_visible_in_snapshot(e.xid,"
+"                                (SELECT r.snapshot FROM outbox.relay_progress AS r))"
+"                      ORDER BY e.id LIMIT $2) AS h"
+"    WHERE h.created_at < $1))";
+
+/*
+ * Retention of row-tracked events in 1.4: as cleanup_sql, among the events
+ * without xid.  With outbox.relay_mode = snapshot such events are rare, and
+ * the scan stops at $3 alone: it must not walk the snapshot-tracked ones.
+ */
+static const char *const cleanup_rows_sql =
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
+"                      WHERE published_at IS NOT NULL AND xid IS NULL"
+"                        AND id <= GREATEST($3, COALESCE("
+"                              (SELECT min(p.id) FROM outbox.events p"
+"                                WHERE p.published_at IS NULL AND p.xid IS NULL),"
+"                              9223372036854775807))"
+"                      ORDER BY id LIMIT $2) AS h"
+"    WHERE h.published_at < $1))";
+
+static const char *const cleanup_rows_bounded_sql =
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
+"                      WHERE published_at IS NOT NULL AND xid IS NULL AND id <= $3"
+"                      ORDER BY id LIMIT $2) AS h"
+"    WHERE h.published_at < $1))";
+
+/*
  * Events that were refused together with others (see mark_results): ids,
  * kept until the event is published or marked failed.  Such an event is
  * produced alone next time, so that a refusal is known to be its own.
  */
 static HTAB *suspects = NULL;
+
+/*
+ * The last claim of row-tracked events found nothing it could send (all
+ * held back): the next call turns to the snapshot batch, so that held rows
+ * never starve it.
+ */
+static bool rows_claimed_nothing = false;
 
 /* highest id marked published by this process; bounds the retention scan */
 static int64 highest_published_id = 0;
@@ -227,11 +289,15 @@ typedef struct BatchEntry
 
 /* saved plans, prepared on first use in this worker */
 static SPIPlanPtr claim_plans[NUM_CLAIM_VARIANTS];
+static SPIPlanPtr claim_plans_legacy[NUM_CLAIM_VARIANTS];
 static SPIPlanPtr mark_published_plan = NULL;
 static SPIPlanPtr delete_published_plan = NULL;
 static SPIPlanPtr mark_failed_plan_v10 = NULL;
 static SPIPlanPtr mark_failed_plan = NULL;
 static SPIPlanPtr cleanup_plan = NULL;
+static SPIPlanPtr cleanup_v2_plan = NULL;
+static SPIPlanPtr cleanup_rows_plan = NULL;
+static SPIPlanPtr cleanup_rows_bounded_plan = NULL;
 static SPIPlanPtr paused_plan = NULL;
 
 static SPIPlanPtr prepare_plan(SPIPlanPtr *cache, const char *sql,
@@ -250,6 +316,8 @@ typedef struct Batch
 	bool		no_isolation;	/* waiting for reports failed: hold back
 								 * suspects until the next batch */
 	MemoryContext cxt;			/* lives until the batch is marked */
+	struct HTAB *held;			/* snapshot batch: aggregates waiting behind
+								 * a row-tracked event (snapshot.c), or NULL */
 } Batch;
 
 static void produce_row(OutboxProducer *producer, Batch *batch,
@@ -260,8 +328,14 @@ static void set_suspect(int64 id, bool suspect);
 static bool wait_for_deliveries(OutboxProducer *producer);
 static void check_marked(uint64 changed, int expected, const char *command);
 static void mark_results(OutboxProducer *producer, BatchEntry *entries,
-						 int n, bool dead_letters, OutboxBatchResult *result);
+						 int n, bool dead_letters, bool by_snapshot,
+						 OutboxBatchResult *result);
 static int64 timestamptz_to_unix_ms(TimestampTz ts);
+static void relay_snapshot_batch(OutboxProducer *producer, Batch *batch,
+								 OutboxBatchResult *result);
+static bool relay_rows_first(void);
+static int	fetch_and_produce(OutboxProducer *producer, Batch *batch,
+							  Portal portal, MemoryContext rowcxt);
 
 /*
  * outbox_relay_batch
@@ -286,6 +360,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	MemoryContext callercxt = CurrentMemoryContext;
 	Oid			relid;
 	ClaimVariant variant;
+	bool		snapshot_schema;
 
 	memset(result, 0, sizeof(*result));
 	result->cxt = callercxt;
@@ -314,6 +389,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	batch.nblocking = 0;
 	batch.no_isolation = false;
 	batch.cxt = CurrentMemoryContext;
+	batch.held = NULL;
 	outbox_producer_begin_batch(producer, outbox_batch_size);
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
 								   ALLOCSET_DEFAULT_SIZES);
@@ -331,8 +407,25 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 
 	check_can_delete(relid);
 	variant = claim_variant(relid);
+	snapshot_schema = outbox_snapshot_schema(relid);
+	if (snapshot_schema && !relay_rows_first())
+	{
+		if (outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT ||
+			outbox_snapshot_events_exist())
+			relay_snapshot_batch(producer, &batch, result);
+		SPI_finish();
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		pgstat_report_stat(false);
+		pgstat_report_activity(STATE_IDLE, NULL);
+		MemoryContextSwitchTo(callercxt);
+		return;
+	}
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
 	portal = SPI_cursor_open(NULL,
+							 snapshot_schema ?
+							 prepare_plan(&claim_plans_legacy[variant],
+										  claim_sql_legacy[variant], 1, claim_types) :
 							 prepare_plan(&claim_plans[variant], claim_sql[variant],
 										  1, claim_types),
 							 claim_values, NULL, false);
@@ -379,6 +472,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	}
 	SPI_cursor_close(portal);
 	result->claimed = batch.n;
+	rows_claimed_nothing = (batch.n == 0);
 
 	if (batch.n > 0)
 	{
@@ -391,7 +485,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 			result->aborted = true;
 		}
 		mark_results(producer, batch.entries, batch.n, variant != CLAIM_V10,
-					 result);
+					 false, result);
 	}
 	result->fatal = producer->fatal;
 
@@ -549,11 +643,16 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 	entry->ctid = *((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, tupdesc, COL_CTID, &isnull)));
 	aggregate_type = text_column(tuple, tupdesc, COL_AGGREGATE_TYPE, &isnull);
 	aggregate_id = text_column(tuple, tupdesc, COL_AGGREGATE_ID, &isnull);
-	entry->aggregate_hash =
-		hash_combine64(hash_bytes_extended((unsigned char *) aggregate_type,
-										   strlen(aggregate_type), 0),
-					   hash_bytes_extended((unsigned char *) aggregate_id,
-										   strlen(aggregate_id), 0));
+	entry->aggregate_hash = outbox_aggregate_hash(aggregate_type, aggregate_id);
+
+	/* tracked by snapshot, behind a pending row-tracked event: wait */
+	if (batch->held != NULL &&
+		hash_search(batch->held, &entry->aggregate_hash, HASH_FIND, NULL) != NULL)
+	{
+		entry->held_back = true;
+		batch->nblocking++;
+		return;
+	}
 
 	/*
 	 * Keep order: once a row of this aggregate failed in this batch, or was
@@ -831,7 +930,7 @@ check_marked(uint64 changed, int expected, const char *command)
  */
 static void
 mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
-			 bool dead_letters, OutboxBatchResult *result)
+			 bool dead_letters, bool by_snapshot, OutboxBatchResult *result)
 {
 	Datum	   *published_ids = palloc(sizeof(Datum) * n);
 	Datum	   *failed_ids = palloc(sizeof(Datum) * n);
@@ -876,6 +975,12 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 		}
 		if (e->produced && d->reported && d->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
+			if (by_snapshot)
+			{
+				/* the progress record says it (relay_snapshot_batch) */
+				result->published++;
+				continue;
+			}
 			published_ids[npublished++] = PointerGetDatum(&e->ctid);
 			highest_published_id = Max(highest_published_id, e->id);
 			if (e->isolated)
@@ -946,7 +1051,8 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 			}
 		}
 	}
-	result->published = npublished;
+	if (!by_snapshot)
+		result->published = npublished;
 
 	if (npublished > 0)
 	{
@@ -1019,6 +1125,33 @@ mark_results(OutboxProducer *producer, BatchEntry *entries, int n,
 }
 
 /*
+ * Run one retention statement (a chunk of at most CLEANUP_CHUNK rows) until
+ * it deletes nothing or CLEANUP_MAX_CHUNKS ran; returns the rows deleted.
+ */
+static int64
+cleanup_chunks(SPIPlanPtr *cache, const char *sql, int nargs, Oid *types,
+			   Datum *args)
+{
+	int64		deleted = 0;
+	int			chunk;
+
+	for (chunk = 0; chunk < CLEANUP_MAX_CHUNKS; chunk++)
+	{
+		int			ret = SPI_execute_plan(prepare_plan(cache, sql, nargs, types),
+										   args, NULL, false, 0);
+
+		if (ret != SPI_OK_DELETE)
+			elog(ERROR, "could not delete published events: %s",
+				 SPI_result_code_string(ret));
+		deleted += SPI_processed;
+		if (SPI_processed == 0)
+			break;
+		CHECK_FOR_INTERRUPTS();
+	}
+	return deleted;
+}
+
+/*
  * outbox_relay_cleanup
  *		Delete events published more than outbox.retention seconds ago.
  *
@@ -1034,7 +1167,7 @@ int64
 outbox_relay_cleanup(void)
 {
 	int64		deleted = 0;
-	int			chunk;
+	Oid			relid;
 	MemoryContext callercxt = CurrentMemoryContext;
 
 	if (outbox_retention < 0)
@@ -1047,27 +1180,31 @@ outbox_relay_cleanup(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: deleting published events");
 
-	if (OidIsValid(lock_events_table()))
+	relid = lock_events_table();
+	if (OidIsValid(relid))
 	{
 		Oid			types[3] = {TIMESTAMPTZOID, INT4OID, INT8OID};
 		Datum		args[3];
+		bool		v14 = outbox_snapshot_schema(relid);
 
 		args[0] = TimestampTzGetDatum(TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 																  -(int64) outbox_retention * 1000));
 		args[1] = Int32GetDatum(CLEANUP_CHUNK);
 		args[2] = Int64GetDatum(highest_published_id);
-		for (chunk = 0; chunk < CLEANUP_MAX_CHUNKS; chunk++)
-		{
-			int			ret = SPI_execute_plan(prepare_plan(&cleanup_plan, cleanup_sql, 3, types),
-											   args, NULL, false, 0);
 
-			if (ret != SPI_OK_DELETE)
-				elog(ERROR, "could not delete published events: %s",
-					 SPI_result_code_string(ret));
-			deleted += SPI_processed;
-			if (SPI_processed == 0)
-				break;
-			CHECK_FOR_INTERRUPTS();
+		if (!v14)
+			deleted += cleanup_chunks(&cleanup_plan, cleanup_sql, 3, types, args);
+		else
+		{
+			if (outbox_snapshot_events_exist())
+				deleted += cleanup_chunks(&cleanup_v2_plan, cleanup_v2_sql, 2,
+										  types, args);
+			if (outbox_relay_mode == OUTBOX_RELAY_ROW)
+				deleted += cleanup_chunks(&cleanup_rows_plan, cleanup_rows_sql, 3,
+										  types, args);
+			else if (highest_published_id > 0)
+				deleted += cleanup_chunks(&cleanup_rows_bounded_plan,
+										  cleanup_rows_bounded_sql, 3, types, args);
 		}
 	}
 
@@ -1134,4 +1271,140 @@ timestamptz_to_unix_ms(TimestampTz ts)
 {
 	return ts / 1000 +
 		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}
+
+/*
+ * Fetch every row of portal and produce it, CLAIM_FETCH_SIZE rows at a time,
+ * so that a batch of large payloads never sits in memory at once.  Returns
+ * the number of rows fetched.
+ */
+static int
+fetch_and_produce(OutboxProducer *producer, Batch *batch, Portal portal,
+				  MemoryContext rowcxt)
+{
+	int			fetched = 0;
+
+	while (batch->n < outbox_batch_size && !producer->fatal && !ProcDiePending)
+	{
+		uint64		i;
+
+		SPI_cursor_fetch(portal, true, CLAIM_FETCH_SIZE);
+		if (SPI_processed == 0)
+			break;
+		for (i = 0; i < SPI_processed && batch->n < outbox_batch_size && !ProcDiePending; i++)
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
+
+			produce_row(producer, batch, SPI_tuptable->vals[i],
+						SPI_tuptable->tupdesc);
+			batch->n++;
+			fetched++;
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(rowcxt);
+		}
+		SPI_freetuptable(SPI_tuptable);
+	}
+	SPI_cursor_close(portal);
+	return fetched;
+}
+
+/*
+ * Relay v2 (schema 1.4): produce the next chunk of the snapshot batch (see
+ * snapshot.c) and, when Kafka acknowledged all of it, record the progress.
+ * No event row is locked or written.  PROTOTYPE: any failure leaves the
+ * progress where it was, and the whole chunk is sent again after the
+ * backoff (dead letters and hold/skip are not done yet).
+ */
+static void
+relay_snapshot_batch(OutboxProducer *producer, Batch *batch,
+					 OutboxBatchResult *result)
+{
+	OutboxSnapshotBatch sb;
+	MemoryContext rowcxt;
+	Datum	   *demote = palloc(sizeof(Datum) * outbox_batch_size);
+	int			ndemote = 0;
+	int			verdicts;
+	bool		part_b = false;
+	int			limit;
+	int			got;
+	int			i;
+
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
+								   ALLOCSET_DEFAULT_SIZES);
+	outbox_snapshot_adopt();
+	outbox_snapshot_begin(&sb);
+	batch->held = outbox_snapshot_held();
+	HOLD_INTERRUPTS();
+	while (batch->n < outbox_batch_size && !producer->fatal && !ProcDiePending &&
+		   !sb.exhausted)
+	{
+		limit = outbox_batch_size - batch->n;
+		got = fetch_and_produce(producer, batch,
+								outbox_snapshot_open(&sb, limit, &part_b), rowcxt);
+		if (got < limit)
+		{
+			if (part_b)
+				sb.exhausted = true;
+			else
+				sb.part_a_done = true;
+		}
+	}
+	result->claimed = batch->n;
+
+	if (batch->n > 0)
+	{
+		pgstat_report_activity(STATE_RUNNING,
+							   "outbox relay: waiting for delivery reports");
+		if (!wait_for_deliveries(producer))
+		{
+			outbox_producer_abort_batch(producer);
+			result->aborted = true;
+		}
+	}
+	/*
+	 * The progress may only cover a prefix of the batch in which every event
+	 * has a verdict: acknowledged, or failed (or held back) and handed over
+	 * to row tracking.  From the first event without a verdict (aborted
+	 * waits, a fatal error, shutdown) on, the chunk is sent again.
+	 */
+	for (i = 0; i < batch->n; i++)
+	{
+		BatchEntry *e = &batch->entries[i];
+		OutboxDelivery *d = &producer->deliveries[i];
+
+		if (e->produced && d->reported && d->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			continue;
+		if (e->held_back || delivery_failed(e, d))
+		{
+			demote[ndemote++] = Int64GetDatum(e->id);
+			continue;
+		}
+		break;
+	}
+	verdicts = i;
+	if (verdicts < batch->n)
+		sb.exhausted = false;
+	if (verdicts > 0)
+	{
+		outbox_snapshot_demote(demote, ndemote);
+		mark_results(producer, batch->entries, verdicts, true, true, result);
+		sb.from = batch->entries[verdicts - 1].id;
+	}
+	if (verdicts > 0 || sb.exhausted)
+		outbox_snapshot_save(&sb);
+	result->fatal = producer->fatal;
+	RESUME_INTERRUPTS();
+}
+
+/*
+ * Should this call claim row-tracked events (schema 1.4)?  Yes when one is
+ * due, unless the last such claim found nothing it could send.
+ */
+static bool
+relay_rows_first(void)
+{
+	bool		rows = !rows_claimed_nothing && outbox_rows_due();
+
+	rows_claimed_nothing = false;
+	return rows;
 }
