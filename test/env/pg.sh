@@ -18,6 +18,7 @@
 #   OUTBOX_PG_DATABASE   outbox             database the relay serves (outbox.database); created
 #   OUTBOX_KAFKA         127.0.0.1:19092    outbox.bootstrap_servers ('' leaves the relay unconfigured)
 #   OUTBOX_PG_FRESH      0                  1: wipe the cluster before start
+#   OUTBOX_PG_CONF       (none)             lines appended to postgresql.conf of a new cluster
 #
 # The PostgreSQL is the one whose pg_config comes first on PATH (test/env/pgmajor.sh prints the
 # bin directory of each major).  A cluster of another major in the directory is re-created.
@@ -89,6 +90,10 @@ outbox.database = '$DB'
 outbox.bootstrap_servers = '$KAFKA'
 outbox.poll_interval = 1000
 EOF
+    # extra settings for every test cluster, e.g. OUTBOX_PG_CONF="outbox.relay_mode = snapshot"
+    if [[ -n "${OUTBOX_PG_CONF:-}" ]]; then
+        printf '%s\n' "$OUTBOX_PG_CONF" | as_owner tee -a "$DATA/postgresql.conf" >/dev/null
+    fi
 }
 
 start() {
