@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(130);
+SELECT plan(138);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -33,7 +33,7 @@ SELECT is((SELECT reloptions FROM pg_class WHERE oid = 'outbox.events'::regclass
 SELECT columns_are('outbox', 'events', ARRAY[
     'id', 'event_id', 'aggregate_type', 'aggregate_id', 'event_type', 'topic', 'payload',
     'headers', 'created_at', 'published_at', 'attempts', 'last_error', 'next_attempt_at',
-    'permanent_failures', 'failed_at'],
+    'permanent_failures', 'failed_at', 'xid'],
     'outbox.events has exactly the expected columns');
 
 -- column types
@@ -52,6 +52,9 @@ SELECT col_type_is('outbox', 'events', 'last_error',      'text',               
 SELECT col_type_is('outbox', 'events', 'next_attempt_at', 'timestamp with time zone', 'events.next_attempt_at is timestamptz');
 SELECT col_type_is('outbox', 'events', 'permanent_failures', 'integer',               'events.permanent_failures is integer');
 SELECT col_type_is('outbox', 'events', 'failed_at',       'timestamp with time zone', 'events.failed_at is timestamptz');
+SELECT col_type_is('outbox', 'events', 'xid',             'xid8',                     'events.xid is xid8');
+SELECT col_hasnt_default('outbox', 'events', 'xid',
+                         'events.xid has no default: a plain INSERT writes a row-tracked event');
 
 -- NOT NULL-ness
 SELECT col_not_null('outbox', 'events', 'id',              'events.id is NOT NULL');
@@ -96,7 +99,8 @@ SELECT col_is_unique('outbox', 'events', 'event_id', 'events.event_id is unique'
 
 -- indexes
 SELECT indexes_are('outbox', 'events',
-    ARRAY['events_pkey', 'events_event_id_key', 'events_pending_idx', 'events_retry_idx'],
+    ARRAY['events_pkey', 'events_event_id_key', 'events_pending_idx', 'events_retry_idx',
+          'events_xid_idx'],
     'outbox.events has exactly the expected indexes');
 SELECT has_index('outbox', 'events', 'events_pending_idx', ARRAY['id'],
                  'index events_pending_idx is on (id)');
@@ -104,11 +108,14 @@ SELECT isnt((SELECT indpred FROM pg_index WHERE indexrelid = 'outbox.events_pend
             'events_pending_idx is a partial index');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
             WHERE indexrelid = 'outbox.events_pending_idx'::regclass),
-          '(published_at IS NULL)', 'events_pending_idx covers only published_at IS NULL');
+          '((published_at IS NULL) AND (xid IS NULL))',
+          'events_pending_idx covers only pending row-tracked events');
 SELECT matches((SELECT indexdef FROM pg_indexes
                  WHERE schemaname = 'outbox' AND indexname = 'events_pending_idx'),
-               'USING btree \(id\) WHERE \(published_at IS NULL\)$',
-               'pg_indexes shows events_pending_idx as btree (id) WHERE published_at IS NULL');
+               'USING btree \(id\) WHERE \(\(published_at IS NULL\) AND \(xid IS NULL\)\)$',
+               'pg_indexes shows events_pending_idx as btree (id) WHERE published_at IS NULL AND xid IS NULL');
+SELECT has_index('outbox', 'events', 'events_xid_idx', ARRAY['xid'],
+                 'index events_xid_idx is on (xid): the relay finds late committers by transaction');
 SELECT has_index('outbox', 'events', 'events_retry_idx', ARRAY['aggregate_type', 'aggregate_id', 'id'],
                  'index events_retry_idx is on (aggregate_type, aggregate_id, id)');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
@@ -149,7 +156,7 @@ SELECT is(pg_get_function_arguments('outbox.worker_status()'::regprocedure),
 SELECT function_lang_is('outbox', 'worker_status', ARRAY[]::text[], 'c', 'outbox.worker_status is written in C');
 SELECT volatility_is('outbox', 'worker_status', ARRAY[]::text[], 'volatile', 'outbox.worker_status is VOLATILE');
 SELECT functions_are('outbox', ARRAY['emit', 'worker_status', 'retry_failed', 'capture', 'pause',
-                                     'resume', 'replay', 'purge'],
+                                     'resume', 'replay', 'purge', 'published'],
                      'schema outbox has exactly the documented functions');
 SELECT function_returns('outbox', 'capture', ARRAY[]::text[], 'trigger', 'outbox.capture() is a trigger function');
 SELECT function_returns('outbox', 'pause', ARRAY[]::text[], 'void', 'outbox.pause() returns void');
@@ -159,6 +166,10 @@ SELECT function_returns('outbox', 'replay', ARRAY['timestamp with time zone'], '
 SELECT function_returns('outbox', 'replay', ARRAY['bigint', 'bigint'], 'bigint',
                         'outbox.replay(bigint, bigint) returns bigint');
 SELECT function_returns('outbox', 'purge', ARRAY['interval'], 'bigint', 'outbox.purge(interval) returns bigint');
+SELECT function_returns('outbox', 'published', ARRAY['outbox.events'], 'boolean',
+                        'outbox.published(outbox.events) returns boolean');
+SELECT volatility_is('outbox', 'published', ARRAY['outbox.events'], 'stable',
+                     'outbox.published is STABLE (it reads the relay''s progress)');
 SELECT is(pg_get_function_arguments('outbox.replay(bigint, bigint)'::regprocedure), 'from_id bigint, to_id bigint',
           'outbox.replay takes from_id, to_id');
 SELECT is(pg_get_function_arguments('outbox.purge(interval)'::regprocedure), 'older_than interval',
@@ -179,13 +190,28 @@ SELECT ok(coalesce(btrim(obj_description('outbox.retry_failed()'::regprocedure, 
 -- pg_dump keeps the events and the id sequence (pg_extension_config_dump)
 SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
              FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
-          ARRAY['outbox.events', 'outbox.events_id_seq'],
-          'outbox.events and its id sequence are configuration tables (dumped by pg_dump)');
+          ARRAY['outbox.events', 'outbox.events_id_seq', 'outbox.relay_progress'],
+          'outbox.events, its id sequence and the relay progress are configuration tables (dumped by pg_dump)');
 
 -- view outbox.status
 SELECT has_view('outbox', 'status', 'view outbox.status exists');
 SELECT views_are('outbox', ARRAY['status'], 'schema outbox has exactly the view status');
-SELECT tables_are('outbox', ARRAY['events', 'relay'], 'schema outbox has exactly the tables events and relay');
+SELECT tables_are('outbox', ARRAY['events', 'relay', 'relay_progress'],
+                  'schema outbox has exactly the tables events, relay and relay_progress');
+SELECT columns_are('outbox', 'relay_progress', ARRAY['system_identifier', 'snapshot', 'id_floor',
+                   'batch_snapshot', 'batch_id_floor', 'batch_last_id'],
+                   'outbox.relay_progress has exactly the expected columns');
+SELECT results_eq($$SELECT count(*)::int, bool_and(system_identifier =
+                         (SELECT system_identifier FROM pg_control_system())),
+                         bool_and(snapshot IS NULL AND id_floor = 0 AND batch_snapshot IS NULL)
+                    FROM outbox.relay_progress$$,
+                  $$VALUES (1, true, true)$$,
+                  'outbox.relay_progress holds one row of this cluster, before any batch');
+SELECT is_empty($$
+    SELECT attname FROM pg_attribute
+     WHERE attrelid = 'outbox.relay_progress'::regclass AND attnum > 0 AND NOT attisdropped
+       AND coalesce(btrim(col_description(attrelid, attnum)), '') = ''
+$$, 'every column of outbox.relay_progress has a non-empty comment');
 SELECT columns_are('outbox', 'relay', ARRAY['singleton', 'paused', 'paused_at', 'paused_by'],
                    'outbox.relay has exactly the expected columns');
 SELECT results_eq('SELECT singleton, paused, paused_at IS NULL, paused_by IS NULL FROM outbox.relay',
@@ -231,7 +257,7 @@ SELECT ok(coalesce(btrim(obj_description('outbox.events'::regclass, 'pg_class'))
           'table outbox.events has a comment');
 SELECT is((SELECT count(*)::int FROM pg_attribute
             WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped),
-          15, 'outbox.events has 15 columns to check for comments');
+          16, 'outbox.events has 16 columns to check for comments');
 SELECT is_empty($$
     SELECT attname FROM pg_attribute
      WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped
