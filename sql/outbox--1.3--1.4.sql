@@ -69,7 +69,8 @@ COMMENT ON COLUMN outbox.relay_progress.batch_last_id IS
  */
 CREATE FUNCTION outbox.published(e outbox.events)
 RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT CASE WHEN e.xid IS NULL THEN e.published_at IS NOT NULL
        ELSE COALESCE((SELECT pg_catalog.pg_visible_in_snapshot(e.xid, p.snapshot)
@@ -77,12 +78,13 @@ SELECT CASE WHEN e.xid IS NULL THEN e.published_at IS NOT NULL
                                  AND pg_catalog.pg_visible_in_snapshot(e.xid, p.batch_snapshot))
                         FROM outbox.relay_progress AS p
                        WHERE p.system_identifier =
-                             (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)), false)
+                             (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)
+                       ORDER BY p.id_floor DESC LIMIT 1), false)
        END
 $$;
 
 COMMENT ON FUNCTION outbox.published(outbox.events) IS
-'True if Kafka acknowledged the event: published_at is set (events tracked row by row), or the relay''s progress covers its transaction (events tracked by snapshot, which have no published_at). Usable as e.published on a row of outbox.events. Needs SELECT on outbox.relay_progress.';
+'True if Kafka acknowledged the event: published_at is set (events tracked row by row), or the relay''s progress covers its transaction (events tracked by snapshot, which have no published_at). Call it as outbox.published(e) on a row e of outbox.events. Runs as the extension owner: callers need EXECUTE only (not granted to PUBLIC).';
 
 CREATE OR REPLACE VIEW outbox.status AS
 SELECT w.database,
@@ -110,17 +112,27 @@ SELECT w.database,
                UNION ALL
                -- tracked by snapshot: above the id floor or late committers
                SELECT NULL, s.created_at
-                 FROM outbox.relay_progress AS g
+                 FROM (SELECT p.* FROM outbox.relay_progress AS p
+                        WHERE p.system_identifier =
+                              (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)
+                        ORDER BY p.id_floor DESC LIMIT 1) AS g
                  JOIN outbox.events AS s
                    ON s.id > g.id_floor
                    OR s.xid = ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip(g.snapshot)))
-                WHERE g.system_identifier =
-                      (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)
-                  AND s.xid IS NOT NULL
+                WHERE s.xid IS NOT NULL
                   AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot(s.xid, g.snapshot), false)
                   AND NOT COALESCE(s.id <= g.batch_last_id
                                    AND pg_catalog.pg_visible_in_snapshot(s.xid, g.batch_snapshot), false)
               ) AS e) AS p;
+
+COMMENT ON TABLE outbox.events IS
+'Transactional outbox: one row per event, written in the producing transaction by outbox.emit() and relayed to Kafka in id order by the outbox relay worker. Rows are deleted outbox.retention after they were published (events tracked by snapshot: once published and created more than outbox.retention ago). Events Kafka refused outbox.max_attempts times are marked failed (failed_at) and wait for outbox.retry_failed(). outbox.published(e) tells whether an event is published.';
+COMMENT ON COLUMN outbox.events.published_at IS
+'When Kafka acknowledged the event (acks=all); NULL while it is not yet published, and always NULL for an event tracked by snapshot (xid set): outbox.published(e) tells.';
+COMMENT ON FUNCTION outbox.replay(timestamptz) IS
+'Publishes again every event created at or after since that is still kept (published, not yet deleted by outbox.retention): marks them unpublished (tracked row by row from then on), so the relay sends them again in id order with their original event ids. Returns the number of events requeued.';
+COMMENT ON FUNCTION outbox.purge(interval) IS
+'Deletes now the published events published more than older_than ago (''0'' = all published events); for events tracked by snapshot, which have no published_at, created more than older_than ago. Pending and failed events are never deleted. Returns the number deleted. Error 22023 for a negative interval.';
 
 REVOKE ALL ON TABLE outbox.relay_progress FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.published(outbox.events) FROM PUBLIC;

@@ -204,9 +204,11 @@ static const char *const cleanup_v2_sql =
 " WHERE id = ANY (ARRAY("
 "   SELECT h.id FROM (SELECT e.id, e.created_at FROM outbox.events AS e"
 "                      WHERE e.xid IS NOT NULL"
-"                        AND e.id <= (SELECT r.id_floor FROM outbox.relay_progress AS r)"
+"                        AND e.id <= (SELECT r.id_floor FROM outbox.relay_progress AS r"
+"                                      ORDER BY r.id_floor DESC LIMIT 1)"
 "                        AND pg_catalog.pg_visible_in_snapshot(e.xid,"
-"                                (SELECT r.snapshot FROM outbox.relay_progress AS r))"
+"                                (SELECT r.snapshot FROM outbox.relay_progress AS r"
+"                                  ORDER BY r.id_floor DESC LIMIT 1))"
 "                      ORDER BY e.id LIMIT $2) AS h"
 "    WHERE h.created_at < $1))";
 
