@@ -88,6 +88,7 @@ class Bench:
         self.kafka_pid = int(open(os.path.join(env_str("OUTBOX_KAFKA_DIR", "/tmp/outbox-bench-kafka"),
                                                "broker.pid")).read().strip())
         self.has_pause = False
+        self.has_relay_mode = False
 
     # ------------------------------------------------------------------ database helpers
 
@@ -174,8 +175,10 @@ class Bench:
         return {"table_bytes": r[0], "index_bytes": r[1], "total_bytes": r[2], "n_live_tup": r[3],
                 "n_dead_tup": r[4], "autovacuum_count": r[5], "vacuum_count": r[6], "rows": r[7]}
 
-    def insert_backlog(self, table, agg_type, n):
-        """Commit a backlog of n events in chunks of 100k with INSERT ... SELECT generate_series."""
+    def insert_backlog(self, table, agg_type, n, by_snapshot=False):
+        """Commit a backlog of n events in chunks of 100k with INSERT ... SELECT generate_series.
+        by_snapshot: the events carry their transaction's xid, as emit() writes them with
+        outbox.relay_mode = snapshot (the xid is taken before the first id, as emit() does)."""
         cols = {
             "outbox.events": ("(aggregate_type, aggregate_id, event_type, payload)",
                               "'{t}', (g % {a} + 1)::text, 'order.created', {p}"),
@@ -188,8 +191,14 @@ class Bench:
         t0 = time.time()
         for lo in range(1, n + 1, CHUNK):
             hi = min(lo + CHUNK - 1, n)
-            self.q("INSERT INTO %s %s SELECT %s FROM generate_series(%d, %d) AS g"
-                   % (table, cols[0], sel, lo, hi))
+            if by_snapshot:
+                with self.conn.transaction():
+                    self.q("SELECT pg_current_xact_id()")
+                    self.q("INSERT INTO %s %s SELECT %s, pg_current_xact_id() FROM generate_series(%d, %d) AS g"
+                           % (table, cols[0][:-1] + ", xid)", sel, lo, hi))
+            else:
+                self.q("INSERT INTO %s %s SELECT %s FROM generate_series(%d, %d) AS g"
+                       % (table, cols[0], sel, lo, hi))
         self.q("ANALYZE %s" % table)
         return round(time.time() - t0, 2)
 
@@ -277,6 +286,8 @@ class Bench:
                                       " WHERE n.nspname = 'outbox' AND p.proname = 'pause'"))
         if not self.has_pause:
             self.res["notes"].append("extension has no outbox.pause(): paused by outbox.bootstrap_servers = '' + reload")
+        self.has_relay_mode = bool(self.q1("SELECT count(*) FROM pg_class WHERE relname = 'relay_progress'"
+                                           " AND relnamespace = 'outbox'::regnamespace"))
         self.check_plain_equivalent()
         self.wait_for("relay ready", lambda: self.relay_state() in ("idle", "publishing", "paused"), 60, 0.5)
         self.environment()
@@ -367,17 +378,30 @@ class Bench:
                     counts[key] = counts.get(key, 0) + 1
                 stop.wait(0.1)
 
-    def ext_drain(self, label, retention, truncate=True):
+    def set_relay_mode(self, mode):
+        """outbox.relay_mode (1.4): 'row' or 'snapshot'; None resets it (row)."""
+        if not self.has_relay_mode:
+            return
+        if mode is None:
+            self.q("ALTER SYSTEM RESET outbox.relay_mode")
+        else:
+            self.q("ALTER SYSTEM SET outbox.relay_mode = '%s'" % mode)
+        self.q("SELECT pg_reload_conf()")
+        time.sleep(1.5)
+
+    def ext_drain(self, label, retention, truncate=True, mode=None):
         agg = "bench_drain_%s" % label
         topic = "outbox.event." + agg
+        by_snapshot = mode == "snapshot"
         self.pause()
         self.set_retention(retention)
+        self.set_relay_mode(mode)
         if truncate:
             self.q("TRUNCATE outbox.events")
         common.create_topic(topic)
         log("  [%s] inserting a backlog of %d events (relay paused, retention %s)"
             % (label, EVENTS, "default" if retention is None else retention))
-        ins = self.insert_backlog("outbox.events", agg, EVENTS)
+        ins = self.insert_backlog("outbox.events", agg, EVENTS, by_snapshot)
         self.q("CHECKPOINT")
         before = self.sizes("outbox.events")
         quiet = self.quiet_check("2a-" + label)
@@ -386,6 +410,7 @@ class Bench:
         counts = {}
         sampler = threading.Thread(target=self.sample_relay, args=(self.relay_pid(), stop, counts))
         sampler.start()
+        published0 = self.q1("SELECT published FROM outbox.worker_status()")
         a = m.snap()
         t0 = time.time()
         self.resume()
@@ -394,7 +419,12 @@ class Bench:
         while True:
             time.sleep(max(0.0, 0.1 - (time.time() - t0) % 0.1))
             polls += 1
-            if not self.q1("SELECT EXISTS (SELECT 1 FROM outbox.events WHERE published_at IS NULL)"):
+            if by_snapshot:
+                # no published_at to look at: the relay's counter (shared memory, costs nothing),
+                # checked against the table below
+                if self.q1("SELECT published FROM outbox.worker_status()") - published0 >= EVENTS:
+                    break
+            elif not self.q1("SELECT EXISTS (SELECT 1 FROM outbox.events WHERE published_at IS NULL)"):
                 break
             if polls % 50 == 0:
                 pub = self.q1("SELECT published FROM outbox.worker_status()")
@@ -406,15 +436,16 @@ class Bench:
         stop.set()
         sampler.join()
         secs = t1 - t0
-        pending = self.q1("SELECT count(*) FROM outbox.events WHERE published_at IS NULL")
+        pending = self.q1("SELECT pending FROM outbox.status") if by_snapshot else \
+            self.q1("SELECT count(*) FROM outbox.events WHERE published_at IS NULL")
         in_topic = common.topic_message_count(topic)
         after = self.sizes("outbox.events")
         last_pub = None
-        if retention != 0:
+        if retention != 0 and not by_snapshot:
             last_pub = self.q1("SELECT extract(epoch FROM max(published_at)) FROM outbox.events")
         total = sum(counts.values()) or 1
         profile = {k: round(100.0 * v / total, 1) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
-        r = {"events": EVENTS, "seconds": round(secs, 2), "events_per_s": round(EVENTS / secs, 1),
+        r = {"mode": mode or "row", "events": EVENTS, "seconds": round(secs, 2), "events_per_s": round(EVENTS / secs, 1),
              "seconds_by_last_published_at": round(float(last_pub) - t0, 2) if last_pub else None,
              "pending_after": pending, "messages_in_topic": in_topic, "insert_seconds": ins,
              "size_before": before, "size_after": after, "cpu": cpu, "relay_activity_pct": profile,
@@ -448,6 +479,18 @@ class Bench:
         d2["cleanup_wait_s"] = self.wait_cleanup("r60b", retention + 600)
         d2["size_after_retention"] = self.sizes("outbox.events")
         out["retention_60_second"] = d2
+        if self.has_relay_mode:
+            # Relay v2 (1.4): the same drains with events tracked by snapshot
+            d = self.ext_drain("s60", None, mode="snapshot")
+            log("  [s60] waiting for the retention cleanup (%d s after creation)" % retention)
+            d["cleanup_wait_s"] = self.wait_cleanup("s60", retention + 600)
+            d["size_after_retention"] = self.sizes("outbox.events")
+            out["snapshot_60"] = d
+            d2 = self.ext_drain("s60b", None, truncate=False, mode="snapshot")
+            d2["cleanup_wait_s"] = self.wait_cleanup("s60b", retention + 600)
+            d2["size_after_retention"] = self.sizes("outbox.events")
+            out["snapshot_60_second"] = d2
+            self.set_relay_mode(None)
         self.set_retention(None)
         self.res["sections"]["2a_4_extension_drain"] = out
 

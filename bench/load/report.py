@@ -95,6 +95,10 @@ def render(r):
         drains.append(("extension relay (retention 60 s, default)", x["retention_60"]))
         drains.append(("extension relay (retention 0)", x["retention_0"]))
         drains.append(("extension relay (retention 60 s, 2nd drain, no VACUUM)", x["retention_60_second"]))
+        if "snapshot_60" in x:
+            drains.append(("extension relay, relay_mode = snapshot (retention 60 s)", x["snapshot_60"]))
+            drains.append(("extension relay, relay_mode = snapshot (retention 60 s, 2nd drain)",
+                           x["snapshot_60_second"]))
     if "2b_debezium_drain" in s:
         drains.append(("Debezium embedded, pgoutput + EventRouter", s["2b_debezium_drain"]))
     if "2c_poller_drain" in s:
@@ -117,6 +121,10 @@ def render(r):
         pol = s.get("2c_poller_drain", {}).get("events_per_s")
         L.append("Ratios (extension at default retention): extension/poller = **%s**, extension/Debezium = **%s**."
                  % (ratio(ext, pol), ratio(ext, dbz)))
+        snap = s.get("2a_4_extension_drain", {}).get("snapshot_60", {}).get("events_per_s")
+        if snap:
+            L.append("Relay v2 (relay_mode = snapshot, default retention): snapshot/Debezium = **%s**, "
+                     "snapshot/row (the 1.3 relay) = **%s**." % (ratio(snap, dbz), ratio(snap, ext)))
         if dbz:
             d = s["2b_debezium_drain"]
             L.append("Debezium's time runs from the engine's start (after JVM start) to the last acknowledgement; "
@@ -131,10 +139,13 @@ def render(r):
         L.append("CPU seconds used during each drain (`other` = average cores used by processes outside this "
                  "benchmark, i.e. other users of the machine):")
         L.append("")
-        L.append("| system | wall s | postgres | of which relay | kafka | bench procs (Java/Python) | other (cores) |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|")
+        L.append("| system | wall s | postgres | of which relay | kafka | bench procs (Java/Python) | other (cores) "
+                 "| relay µs/event |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, d in drains:
-            L.append("| %s | %s |" % (name, cpu_cells(d["cpu"])))
+            relay_us = d["cpu"].get("relay") if "mode" in d or name.startswith("extension") else None
+            L.append("| %s | %s | %s |" % (name, cpu_cells(d["cpu"]),
+                                          f(relay_us * 1e6 / d["events"], "%.1f") if relay_us else "-"))
         L.append("")
         if "2a_4_extension_drain" in s:
             prof = s["2a_4_extension_drain"]["retention_60"].get("relay_activity_pct", {})
@@ -196,7 +207,11 @@ def render(r):
             L.append("| %s | %s | %s | %s | %s | %s | %s |" % (case, moment, mb(z["table_bytes"]), mb(z["index_bytes"]),
                                                            z["rows"], z["n_dead_tup"], z["autovacuum_count"]))
         for case, key in (("retention 0", "retention_0"), ("retention 60 s", "retention_60"),
-                          ("retention 60 s, 2nd drain", "retention_60_second")):
+                          ("retention 60 s, 2nd drain", "retention_60_second"),
+                          ("snapshot, retention 60 s", "snapshot_60"),
+                          ("snapshot, retention 60 s, 2nd drain", "snapshot_60_second")):
+            if key not in x:
+                continue
             d = x[key]
             row(case, "backlog committed, before the drain", d["size_before"])
             row(case, "drain finished", d["size_after"])
