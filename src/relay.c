@@ -105,15 +105,21 @@ typedef enum ClaimVariant
 	NUM_CLAIM_VARIANTS
 } ClaimVariant;
 
-/* from 1.4 on, only events written before the update are claimed */
+/*
+ * From 1.4 on, only row-tracked events (xid NULL) are claimed, and none
+ * above $2: the id floor of the snapshot relay's progress while events
+ * tracked by snapshot exist.  A row-tracked event above it may have a
+ * snapshot-tracked event of its aggregate before it that is committed but
+ * not yet published; it waits until the snapshot batches passed its id.
+ */
 static const char *const claim_sql_legacy[NUM_CLAIM_VARIANTS] = {
-	CLAIM_SELECT " AND e.xid IS NULL"
+	CLAIM_SELECT " AND e.xid IS NULL AND e.id <= $2"
 	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
 	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL"
+	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
 	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
 	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL"
+	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
 	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
 	CLAIM_ORDER
 };
@@ -354,8 +360,8 @@ static int	fetch_and_produce(OutboxProducer *producer, Batch *batch,
 void
 outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 {
-	Oid			claim_types[1] = {INT4OID};
-	Datum		claim_values[1];
+	Oid			claim_types[2] = {INT4OID, INT8OID};
+	Datum		claim_values[2];
 	Portal		portal;
 	Batch		batch;
 	MemoryContext rowcxt;
@@ -424,10 +430,11 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 		return;
 	}
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
+	claim_values[1] = Int64GetDatum(snapshot_schema ? outbox_snapshot_claim_ceiling() : 0);
 	portal = SPI_cursor_open(NULL,
 							 snapshot_schema ?
 							 prepare_plan(&claim_plans_legacy[variant],
-										  claim_sql_legacy[variant], 1, claim_types) :
+										  claim_sql_legacy[variant], 2, claim_types) :
 							 prepare_plan(&claim_plans[variant], claim_sql[variant],
 										  1, claim_types),
 							 claim_values, NULL, false);
