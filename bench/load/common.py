@@ -64,10 +64,10 @@ def pg_conninfo(dbname=None):
 # ----------------------------------------------------------------------------- Kafka
 
 
-def create_topic(name, partitions=PARTITIONS):
+def create_topic(name, partitions=PARTITIONS, config=None):
     """Create a topic (replication 1) and wait until its metadata shows every partition."""
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
-    fs = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
+    fs = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=30)
     for _, f in fs.items():
         try:
             f.result(60)

@@ -48,6 +48,14 @@ CHUNK = 100000
 # Debezium's poll.interval.ms in the latency run: its default (500) makes every batch wait that long
 # when the 2,048-record batch does not fill; 10 ms is the latency setting, like the poller's 0 ms
 DBZ_LATENCY_POLL_MS = env_int("BENCH_DBZ_POLL_MS", 10)
+# section 3: topics stamped by the broker; the C consumer run.sh builds; the old batch consumer
+LAT_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
+LAT_C_CONSUMER = env_str("BENCH_LAT_C_CONSUMER", "")
+LAT_BATCH_CONSUMER = env_int("BENCH_LAT_BATCH_CONSUMER", 0)
+LAT_SYSTEMS = [x for x in env_str("BENCH_LAT_SYSTEMS", "ext,dbz,poller").split(",") if x]
+# extra librdkafka properties for the relay during section 3 (outbox.kafka_properties), e.g. to
+# compare linger.ms values; empty = the relay's defaults
+LAT_KAFKA_PROPERTIES = env_str("BENCH_LAT_KAFKA_PROPERTIES", "")
 WORK = env_str("BENCH_WORK_DIR", "/tmp/outbox-bench-work")
 RESULTS = env_str("BENCH_RESULTS_DIR", os.path.join(BENCH, "results"))
 MAX_OTHER_CORES = float(env_str("BENCH_MAX_OTHER_CORES", "0.5"))
@@ -610,13 +618,18 @@ class Bench:
     def latency_run(self, system):
         agg = "bench_lat_%s" % system
         topic = "outbox.event." + agg
-        common.create_topic(topic)
+        # LogAppendTime: every message carries the broker's append time (ms), which splits the
+        # latency into commit -> Kafka and Kafka -> consumer without touching the systems
+        common.create_topic(topic, config=LAT_TOPIC_CONFIG)
         table = {"ext": "outbox.events", "dbz": None, "poller": "poller_outbox"}[system]
         # fresh tables; Debezium's stays (a TRUNCATE would reach the connector through the slot)
         self.q("TRUNCATE bench_orders" + (", " + table if table else ""))
         self.q("CHECKPOINT")
         proc = None
         if system == "ext":
+            if LAT_KAFKA_PROPERTIES:
+                self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % LAT_KAFKA_PROPERTIES.replace("'", "''"))
+            self.set_retention(-1)      # keep published_at of every row until it is read below
             self.resume()
             self.wait_for("relay running", lambda: self.relay_state() in ("idle", "publishing"), 30)
         elif system == "dbz":
@@ -629,10 +642,23 @@ class Bench:
             os.remove(stop_file)
         commits_csv = os.path.join(WORK, "lat-%s-commits.csv" % system)
         recv_csv = os.path.join(WORK, "lat-%s-recv.csv" % system)
-        cons = subprocess.Popen([PY, os.path.join(HERE, "consumer.py"), "--topic", topic, "--out", recv_csv,
-                                 "--stop-file", stop_file], stdout=subprocess.PIPE, text=True)
-        if cons.stdout.readline().strip() != "READY":
-            raise RuntimeError("latency consumer did not start")
+        # the consumers, each reading the whole topic: the Python one, the C one (lat_consumer.c,
+        # built by run.sh), and with BENCH_LAT_BATCH_CONSUMER=1 the Python one as it was before
+        # (consume(1000, 0.05)), to show what its batch window cost
+        cmds = {"py": [PY, os.path.join(HERE, "consumer.py"), "--topic", topic, "--out", recv_csv,
+                       "--stop-file", stop_file]}
+        if LAT_C_CONSUMER:
+            cmds["c"] = [LAT_C_CONSUMER, common.kafka_bootstrap(), topic, str(common.PARTITIONS),
+                         recv_csv.replace(".csv", "-c.csv"), stop_file]
+        if LAT_BATCH_CONSUMER:
+            cmds["py_batch"] = cmds["py"][:] + ["--batch"]
+            cmds["py_batch"][5] = recv_csv.replace(".csv", "-batch.csv")
+        consumers = {}
+        for k, cmd in cmds.items():
+            consumers[k] = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            if consumers[k].stdout.readline().strip() != "READY":
+                raise RuntimeError("latency consumer %s did not start" % k)
+        cons = consumers["py"]
         quiet = self.quiet_check("3-" + system)
         m = self.meter()
         stop = threading.Event()
@@ -652,7 +678,8 @@ class Bench:
         achieved = float(g.stdout.split()[3])
         with open(stop_file, "w") as f:
             f.write(str(committed))
-        out, _ = cons.communicate(timeout=600)
+        for c in consumers.values():
+            c.communicate(timeout=600)
         t_end = time.time()
         cpu = m.delta(a, m.snap())
         stop.set()
@@ -666,6 +693,12 @@ class Bench:
                 proc[0].wait(60)
         elif system == "ext":
             self.pause()
+            acked = {str(r[0]): r[1] for r in self.q(
+                "SELECT event_id, extract(epoch FROM published_at)::float8 FROM outbox.events"
+                " WHERE published_at IS NOT NULL")}
+            if LAT_KAFKA_PROPERTIES:
+                self.q("ALTER SYSTEM RESET outbox.kafka_properties")
+            self.set_retention(None)
         commits = {}
         lags = []
         with open(commits_csv) as f:
@@ -673,14 +706,19 @@ class Bench:
                 commits[row["event_id"]] = (float(row["commit_time"]), row["phase"])
                 if row["phase"] == "measure":
                     lags.append(float(row["sched_lag"]))
-        recv = {}
-        dups = 0
-        with open(recv_csv) as f:
-            for row in csv.DictReader(f):
-                if row["event_id"] in recv:
-                    dups += 1
-                    continue
-                recv[row["event_id"]] = float(row["recv_time"])
+        def read_recv(path):
+            recv, append, dups = {}, {}, 0
+            with open(path) as f:
+                for row in csv.DictReader(f):
+                    if row["event_id"] in recv:
+                        dups += 1
+                        continue
+                    recv[row["event_id"]] = float(row["recv_time"])
+                    if row.get("kafka_ts_type") in ("2",):     # TIMESTAMP_LOG_APPEND_TIME
+                        append[row["event_id"]] = int(row["kafka_ts_ms"]) / 1000.0
+            return recv, append, dups
+
+        recv, append, dups = read_recv(recv_csv)
         lat = []
         missing = 0
         for eid, (tc, phase) in commits.items():
@@ -690,6 +728,44 @@ class Bench:
                 missing += 1
                 continue
             lat.append((recv[eid] - tc) * 1000.0)
+
+        def dist(values):
+            if not values:
+                return None
+            return {"n": len(values), "p50": round(pct(values, 50), 2), "p95": round(pct(values, 95), 2),
+                    "p99": round(pct(values, 99), 2), "max": round(max(values), 2)}
+
+        def span(a, b):
+            """b - a in ms over the measured events that have both."""
+            return dist([(b[e] - a[e]) * 1000.0 for e, (tc, ph) in commits.items()
+                         if ph == "measure" and e in a and e in b])
+
+        commit_t = {e: tc for e, (tc, ph) in commits.items()}
+        bd = {"commit_to_py_consumer": dist(lat)}
+        if append:
+            # the broker's LogAppendTime has ms resolution (truncated): up to 1 ms too early
+            bd["commit_to_kafka_append"] = span(commit_t, append)
+            bd["kafka_append_to_py_consumer"] = span(append, recv)
+        if system == "ext" and acked:
+            # published_at: the relay saw the last delivery report of the batch (GetCurrentTimestamp
+            # before its UPDATE); the relay's commit follows
+            bd["commit_to_relay_ack"] = span(commit_t, acked)
+            meas = sorted(acked[e] for e, (tc, ph) in commits.items() if ph == "measure" and e in acked)
+            cycles = sorted(set(meas))
+            if len(cycles) > 1:
+                gaps = [(b - a) * 1000.0 for a, b in zip(cycles, cycles[1:])]
+                bd["relay_batches"] = {"batches": len(cycles), "events_per_batch": round(len(meas) / len(cycles), 2),
+                                       "batch_interval_ms": dist(gaps)}
+        for k in ("c", "py_batch"):
+            if k not in consumers:
+                continue
+            rc, ra, rd = read_recv(cmds[k][4] if k == "c" else cmds[k][5])
+            bd["commit_to_%s_consumer" % k] = span(commit_t, rc)
+            bd["missing_%s_consumer" % k] = sum(1 for e, (tc, ph) in commits.items() if ph == "measure" and e not in rc)
+            if k == "c" and ra:
+                bd["kafka_append_to_c_consumer"] = span(ra, rc)
+                if "commit_to_kafka_append" not in bd:
+                    bd["commit_to_kafka_append"] = span(commit_t, ra)
         r = {"offered_rate": RATE, "achieved_commit_rate": achieved, "measured_events": len(lat) + missing,
              "received": len(lat), "missing": missing, "duplicates": dups,
              "p50_ms": round(pct(lat, 50), 2) if lat else None, "p95_ms": round(pct(lat, 95), 2) if lat else None,
@@ -697,7 +773,7 @@ class Bench:
              "mean_ms": round(sum(lat) / len(lat), 2) if lat else None,
              "min_ms": round(min(lat), 2) if lat else None,
              "schedule_lag_p99_ms": round(pct(lags, 99) * 1000, 2) if lags else None,
-             "cpu": cpu, "quiet": quiet}
+             "cpu": cpu, "quiet": quiet, "breakdown": bd}
         if counts:
             total = sum(counts.values())
             r["relay_activity_pct"] = {k: round(100.0 * v / total, 1)
@@ -706,10 +782,43 @@ class Bench:
             % (system, r["p50_ms"], r["p95_ms"], r["p99_ms"], r["max_ms"], len(lat), missing, dups, achieved))
         return r
 
+    def test_fsync(self):
+        """The commit's floor: pg_test_fsync on the cluster's file system (one 8kB write + fdatasync,
+        PostgreSQL's wal_sync_method on Linux).  Every commit of the load generator and every
+        batch of the relay waits for one such flush (or joins one: group commit)."""
+        exe = os.path.join(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip(),
+                           "pg_test_fsync")
+        if not os.path.exists(exe):
+            return None
+        path = os.path.join(env_str("OUTBOX_PG_DIR", "/tmp/outbox-bench-pg"), "pg_test_fsync.tmp")
+        p = subprocess.run([exe, "-s", "1", "-f", path], capture_output=True, text=True)
+        m = re.search(r"one 8kB write.*?\n\s+open_datasync.*?\n\s+fdatasync\s+([\d.]+) ops/sec\s+(\d+) usecs/op",
+                      p.stdout, re.S)
+        if not m:
+            return {"error": (p.stdout + p.stderr)[-500:]}
+        r = {"fdatasync_ops_per_s": float(m.group(1)), "fdatasync_ms": int(m.group(2)) / 1000.0}
+        log("  pg_test_fsync: 8kB write + fdatasync %.2f ms (%.0f/s)" % (r["fdatasync_ms"], r["fdatasync_ops_per_s"]))
+        return r
+
+    def kafka_probe(self):
+        """Kafka's own produce -> acknowledgement time at BENCH_RATE, with the relay's producer
+        settings, from librdkafka's statistics (probe_producer.py), before the systems run."""
+        topic = "bench_lat_probe"
+        common.create_topic(topic, config=LAT_TOPIC_CONFIG)
+        p = subprocess.run([PY, os.path.join(HERE, "probe_producer.py"), "--topic", topic, "--rate", str(RATE),
+                            "--seconds", str(min(10, LATENCY_SECONDS))], capture_output=True, text=True)
+        if p.returncode != 0:
+            return {"error": p.stderr[-500:]}
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        log("  Kafka probe: rtt p50 %s p99 %s us, int_latency p50 %s us, dr p50 %.2f p99 %.2f ms"
+            % (r["rtt_us"]["p50"], r["rtt_us"]["p99"], r["int_latency_us"]["p50"], r["dr_ms"]["p50"], r["dr_ms"]["p99"]))
+        return r
+
     def section3(self):
         log("section 3: latency at %d events/s for %d s (+%d s warm-up)" % (RATE, LATENCY_SECONDS, WARMUP_SECONDS))
-        out = {"poller_idle_sleep_ms": 10, "dbz_poll_interval_ms": DBZ_LATENCY_POLL_MS}
-        for system in ("ext", "dbz", "poller"):
+        out = {"poller_idle_sleep_ms": 10, "dbz_poll_interval_ms": DBZ_LATENCY_POLL_MS,
+               "fsync": self.test_fsync(), "kafka_probe": self.kafka_probe()}
+        for system in LAT_SYSTEMS:
             out[system] = self.latency_run(system)
         self.res["sections"]["3_latency"] = out
 

@@ -174,6 +174,54 @@ def render(r):
                 L.append("| %s | %s |" % (names[k], cpu_cells(lt[k]["cpu"])))
         L.append("")
 
+        if any("breakdown" in lt.get(k, {}) for k in ("ext", "dbz", "poller")):
+            L.append("Where the time goes (same runs, per event, ms, p50 / p99; the bench topics use the broker's "
+                     "`LogAppendTime`, which has ms resolution and is truncated, so spans that start or end there "
+                     "are up to 1 ms off):")
+            L.append("")
+            present = [k for k in ("ext", "dbz", "poller") if k in lt]
+            L.append("| span | " + " | ".join(names[k] for k in present) + " |")
+            L.append("|---|" + "---:|" * len(present))
+            rows = [("commit → relay sees Kafka's ack (`published_at`, the relay's commit follows)", "commit_to_relay_ack"),
+                    ("commit → Kafka appended it (`LogAppendTime`)", "commit_to_kafka_append"),
+                    ("Kafka append → C consumer (`lat_consumer.c`, librdkafka)", "kafka_append_to_c_consumer"),
+                    ("Kafka append → Python consumer", "kafka_append_to_py_consumer"),
+                    ("**commit → C consumer**", "commit_to_c_consumer"),
+                    ("**commit → Python consumer** (poll per message; the table above)", "commit_to_py_consumer"),
+                    ("commit → Python consumer as before 2026-12 (`consume(1000, 0.05)`)", "commit_to_py_batch_consumer")]
+            for label, key in rows:
+                cells = []
+                for k in present:
+                    d = lt[k].get("breakdown", {}).get(key)
+                    cells.append("%s / %s" % (f(d["p50"]), f(d["p99"])) if d else "—")
+                if any(c != "—" for c in cells):
+                    L.append("| %s | %s |" % (label, " | ".join(cells)))
+            L.append("")
+            rb = lt.get("ext", {}).get("breakdown", {}).get("relay_batches")
+            if rb:
+                L.append("Relay cycles during its run: %d batches, %.2f events each; time between batches p50 %s / "
+                         "p99 %s ms (each cycle: claim, produce, wait for every delivery report, mark, commit)."
+                         % (rb["batches"], rb["events_per_batch"], f(rb["batch_interval_ms"]["p50"]),
+                            f(rb["batch_interval_ms"]["p99"])))
+                L.append("")
+            kp = lt.get("kafka_probe")
+            if kp and "rtt_us" in kp:
+                L.append("Kafka alone (`probe_producer.py`: %d small messages at %d/s with the relay's producer settings "
+                         "before the runs; librdkafka statistics, median of the 1-s windows' p50 / largest p99): "
+                         "queue incl. `linger.ms` (`int_latency`) %s / %s ms, output buffer (`outbuf_latency`) %s / %s ms, "
+                         "request → acks=all response (`rtt`) %s / %s ms; produce() → delivery report in Python %s / %s ms."
+                         % (kp["messages"], p["rate"],
+                            f(kp["int_latency_us"]["p50"] / 1000.0, "%.2f"), f(kp["int_latency_us"]["p99"] / 1000.0, "%.2f"),
+                            f(kp["outbuf_latency_us"]["p50"] / 1000.0, "%.2f"), f(kp["outbuf_latency_us"]["p99"] / 1000.0, "%.2f"),
+                            f(kp["rtt_us"]["p50"] / 1000.0, "%.2f"), f(kp["rtt_us"]["p99"] / 1000.0, "%.2f"),
+                            f(kp["dr_ms"]["p50"], "%.2f"), f(kp["dr_ms"]["p99"], "%.2f")))
+                L.append("")
+            fs = lt.get("fsync")
+            if fs and "fdatasync_ms" in fs:
+                L.append("Commit floor (`pg_test_fsync`, one 8kB write + fdatasync on the cluster's file system): "
+                         "%.3f ms (%.0f/s)." % (fs["fdatasync_ms"], fs["fdatasync_ops_per_s"]))
+                L.append("")
+
         prof = lt.get("ext", {}).get("relay_activity_pct", {})
         if prof:
             L.append("Relay worker during its latency run (pg_stat_activity every 100 ms):")
