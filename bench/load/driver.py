@@ -56,6 +56,12 @@ LAT_SYSTEMS = [x for x in env_str("BENCH_LAT_SYSTEMS", "ext,dbz,poller").split("
 # extra librdkafka properties for the relay during section 3 (outbox.kafka_properties), e.g. to
 # compare linger.ms values; empty = the relay's defaults
 LAT_KAFKA_PROPERTIES = env_str("BENCH_LAT_KAFKA_PROPERTIES", "")
+# the same for the whole run (every section)
+RELAY_KAFKA_PROPERTIES = env_str("BENCH_RELAY_KAFKA_PROPERTIES", "")
+# 1: the relay's own transactions commit with synchronous_commit = off during section 3 (set on the
+# database, the relay restarted to read it; the load generator keeps on through PGOPTIONS): how much
+# of the latency is the relay's commit flush
+LAT_RELAY_ASYNC_COMMIT = env_int("BENCH_LAT_RELAY_ASYNC_COMMIT", 0)
 WORK = env_str("BENCH_WORK_DIR", "/tmp/outbox-bench-work")
 RESULTS = env_str("BENCH_RESULTS_DIR", os.path.join(BENCH, "results"))
 MAX_OTHER_CORES = float(env_str("BENCH_MAX_OTHER_CORES", "0.5"))
@@ -281,6 +287,10 @@ class Bench:
             os.remove(os.path.join(WORK, "dbz-offsets.dat"))
         with open(os.path.join(BENCH, "sql/setup.sql")) as f:
             self.q(f.read())
+        if RELAY_KAFKA_PROPERTIES:
+            self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % RELAY_KAFKA_PROPERTIES.replace("'", "''"))
+            self.q("SELECT pg_reload_conf()")
+            self.res["notes"].append("relay outbox.kafka_properties = '%s' for the whole run" % RELAY_KAFKA_PROPERTIES)
         self.has_pause = bool(self.q1("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
                                       " WHERE n.nspname = 'outbox' AND p.proname = 'pause'"))
         if not self.has_pause:
@@ -627,6 +637,8 @@ class Bench:
         self.q("CHECKPOINT")
         proc = None
         if system == "ext":
+            if LAT_RELAY_ASYNC_COMMIT:
+                self.relay_sync_commit(False)
             if LAT_KAFKA_PROPERTIES:
                 self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % LAT_KAFKA_PROPERTIES.replace("'", "''"))
             self.set_retention(-1)      # keep published_at of every row until it is read below
@@ -667,17 +679,25 @@ class Bench:
         if system == "ext":
             sampler = threading.Thread(target=self.sample_relay, args=(self.relay_pid(), stop, counts))
             sampler.start()
+        # run-queue waits (kernel schedstat) of the relay and of Kafka: on a shared 2-core machine
+        # the time a woken process waits for a CPU is a part of the latency no setting removes
+        sched_pids = {"kafka": self.kafka_pid}
+        if system == "ext":
+            sched_pids["relay"] = self.relay_pid()
+        sched_a = {k: common.schedstat(v) + (time.time(),) for k, v in sched_pids.items() if common.schedstat(v)}
         a = m.snap()
         g = subprocess.run([PY, os.path.join(HERE, "loadgen.py"), "--system", system, "--aggregate-type", agg,
                             "--rate", str(RATE), "--seconds", str(LATENCY_SECONDS), "--warmup", str(WARMUP_SECONDS),
                             "--aggregates", str(AGGREGATES), "--out", commits_csv],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True,
+                           env=dict(os.environ, PGOPTIONS="-c synchronous_commit=on") if LAT_RELAY_ASYNC_COMMIT else None)
         if g.returncode != 0:
             raise RuntimeError("load generator failed: %s %s" % (g.stdout[-2000:], g.stderr[-2000:]))
         committed = int(g.stdout.split()[1])
         achieved = float(g.stdout.split()[3])
         with open(stop_file, "w") as f:
             f.write(str(committed))
+        sched_b = {k: common.schedstat(v) + (time.time(),) for k, v in sched_pids.items() if common.schedstat(v)}
         for c in consumers.values():
             c.communicate(timeout=600)
         t_end = time.time()
@@ -698,6 +718,8 @@ class Bench:
                 " WHERE published_at IS NOT NULL")}
             if LAT_KAFKA_PROPERTIES:
                 self.q("ALTER SYSTEM RESET outbox.kafka_properties")
+            if LAT_RELAY_ASYNC_COMMIT:
+                self.relay_sync_commit(True)
             self.set_retention(None)
         commits = {}
         lags = []
@@ -741,7 +763,8 @@ class Bench:
                          if ph == "measure" and e in a and e in b])
 
         commit_t = {e: tc for e, (tc, ph) in commits.items()}
-        bd = {"commit_to_py_consumer": dist(lat)}
+        bd = {"commit_to_py_consumer": dist(lat),
+              "sched": {k: common.schedstat_delta(sched_a[k], sched_b[k]) for k in sched_a if k in sched_b}}
         if append:
             # the broker's LogAppendTime has ms resolution (truncated): up to 1 ms too early
             bd["commit_to_kafka_append"] = span(commit_t, append)
@@ -766,7 +789,8 @@ class Bench:
                 bd["kafka_append_to_c_consumer"] = span(ra, rc)
                 if "commit_to_kafka_append" not in bd:
                     bd["commit_to_kafka_append"] = span(commit_t, ra)
-        r = {"offered_rate": RATE, "achieved_commit_rate": achieved, "measured_events": len(lat) + missing,
+        r = {"offered_rate": RATE, "relay_synchronous_commit_off": bool(LAT_RELAY_ASYNC_COMMIT and system == "ext"),
+             "relay_kafka_properties": LAT_KAFKA_PROPERTIES if system == "ext" else "", "achieved_commit_rate": achieved, "measured_events": len(lat) + missing,
              "received": len(lat), "missing": missing, "duplicates": dups,
              "p50_ms": round(pct(lat, 50), 2) if lat else None, "p95_ms": round(pct(lat, 95), 2) if lat else None,
              "p99_ms": round(pct(lat, 99), 2) if lat else None, "max_ms": round(max(lat), 2) if lat else None,
@@ -781,6 +805,15 @@ class Bench:
         log("  %-6s p50 %s p95 %s p99 %s max %s ms; %d received, %d missing, %d duplicates; commits %.0f/s"
             % (system, r["p50_ms"], r["p95_ms"], r["p99_ms"], r["max_ms"], len(lat), missing, dups, achieved))
         return r
+
+    def relay_sync_commit(self, on):
+        db = env_str("PGDATABASE", "outbox")
+        self.q("ALTER DATABASE %s %s" % (db, "RESET synchronous_commit" if on else "SET synchronous_commit = off"))
+        old = self.relay_pid()
+        self.q("SELECT pg_terminate_backend(%s)", (old,))
+        self.wait_for("relay restarted", lambda: self.relay_pid() not in (None, old), 120, 0.5)
+        self.wait_for("relay ready", lambda: self.relay_state() in ("idle", "publishing", "paused"), 60, 0.5)
+        log("  relay restarted with synchronous_commit %s" % ("on" if on else "off"))
 
     def test_fsync(self):
         """The commit's floor: pg_test_fsync on the cluster's file system (one 8kB write + fdatasync,
@@ -805,14 +838,19 @@ class Bench:
         settings, from librdkafka's statistics (probe_producer.py), before the systems run."""
         topic = "bench_lat_probe"
         common.create_topic(topic, config=LAT_TOPIC_CONFIG)
-        p = subprocess.run([PY, os.path.join(HERE, "probe_producer.py"), "--topic", topic, "--rate", str(RATE),
-                            "--seconds", str(min(10, LATENCY_SECONDS))], capture_output=True, text=True)
-        if p.returncode != 0:
-            return {"error": p.stderr[-500:]}
-        r = json.loads(p.stdout.strip().splitlines()[-1])
-        log("  Kafka probe: rtt p50 %s p99 %s us, int_latency p50 %s us, dr p50 %.2f p99 %.2f ms"
-            % (r["rtt_us"]["p50"], r["rtt_us"]["p99"], r["int_latency_us"]["p50"], r["dr_ms"]["p50"], r["dr_ms"]["p99"]))
-        return r
+        out = {}
+        for linger in (1, 0):       # the relay's default, and without linger
+            p = subprocess.run([PY, os.path.join(HERE, "probe_producer.py"), "--topic", topic, "--rate", str(RATE),
+                                "--seconds", str(min(10, LATENCY_SECONDS)), "--linger-ms", str(linger)],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                return {"error": p.stderr[-500:]}
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            log("  Kafka probe linger.ms=%d: rtt p50 %s p99 %s us, int_latency p50 %s p99 %s us, dr p50 %.2f p99 %.2f ms"
+                % (linger, r["rtt_us"]["p50"], r["rtt_us"]["p99"], r["int_latency_us"]["p50"],
+                   r["int_latency_us"]["p99"], r["dr_ms"]["p50"], r["dr_ms"]["p99"]))
+            out["linger_%d" % linger] = r
+        return out
 
     def section3(self):
         log("section 3: latency at %d events/s for %d s (+%d s warm-up)" % (RATE, LATENCY_SECONDS, WARMUP_SECONDS))

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Kafka's own part of the latency (bench/run.sh, section 3): a producer with the relay's settings
-(acks=all, idempotence, linger.ms=1, Nagle off) sends --rate small messages per second for
+(acks=all, idempotence, linger.ms=1 unless --linger-ms, Nagle off) sends --rate small messages per second for
 --seconds to a fresh topic, with librdkafka statistics every second.  Measured outside the relay,
 so the relay's hot path does no extra work for it.
 
@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--topic", required=True)
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--linger-ms", type=int, default=1)
     ap.add_argument("--warmup", type=float, default=5.0,
                     help="sent first and not counted: a freshly started broker is slow until its JIT warms up")
     args = ap.parse_args()
@@ -48,7 +49,7 @@ def main():
                     windows[k].append((w["p50"], w["p99"]))
 
     p = Producer({"bootstrap.servers": common.kafka_bootstrap(), "acks": "all",
-                  "enable.idempotence": True, "linger.ms": 1, "socket.nagle.disable": True,
+                  "enable.idempotence": True, "linger.ms": args.linger_ms, "socket.nagle.disable": True,
                   "statistics.interval.ms": 1000, "stats_cb": on_stats})
     dr = []
 
@@ -82,7 +83,7 @@ def main():
         v = sorted(v)
         return v[min(len(v) - 1, int(round(q / 100.0 * (len(v) - 1))))] if v else None
 
-    out = {"messages": n, "delivered": len(dr),
+    out = {"linger_ms": args.linger_ms, "messages": n, "delivered": len(dr),
            "dr_ms": {"p50": pct(dr, 50), "p99": pct(dr, 99)}}
     for k, w in windows.items():
         # skip the first window (connection set-up)

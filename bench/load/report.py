@@ -159,6 +159,11 @@ def render(r):
         names = {"ext": "extension relay (defaults, woken by the commit)",
                  "dbz": "Debezium embedded (poll.interval.ms %s)" % lt.get("dbz_poll_interval_ms", 500),
                  "poller": "Python poller (idle sleep %d ms)" % lt.get("poller_idle_sleep_ms", 10)}
+        ext = lt.get("ext", {})
+        if ext.get("relay_kafka_properties") or ext.get("relay_synchronous_commit_off"):
+            changed = ([ext["relay_kafka_properties"]] if ext.get("relay_kafka_properties") else []) + \
+                      (["relay's synchronous_commit off"] if ext.get("relay_synchronous_commit_off") else [])
+            names["ext"] = "extension relay (woken by the commit; %s)" % ", ".join(changed)
         for k in ("ext", "dbz", "poller"):
             if k in lt:
                 d = lt[k]
@@ -204,17 +209,36 @@ def render(r):
                          % (rb["batches"], rb["events_per_batch"], f(rb["batch_interval_ms"]["p50"]),
                             f(rb["batch_interval_ms"]["p99"])))
                 L.append("")
-            kp = lt.get("kafka_probe")
-            if kp and "rtt_us" in kp:
-                L.append("Kafka alone (`probe_producer.py`: %d small messages at %d/s with the relay's producer settings "
-                         "before the runs; librdkafka statistics, median of the 1-s windows' p50 / largest p99): "
-                         "queue incl. `linger.ms` (`int_latency`) %s / %s ms, output buffer (`outbuf_latency`) %s / %s ms, "
+            kp = lt.get("kafka_probe") or {}
+            if "rtt_us" in kp:              # results of before the linger.ms=0 probe
+                kp = {"linger_1": kp}
+            for name in ("linger_1", "linger_0"):
+                k = kp.get(name)
+                if not k or "rtt_us" not in k:
+                    continue
+                ms = lambda d, q: f(d[q] / 1000.0, "%.2f") if d.get(q) is not None else "-"
+                L.append("Kafka alone, `linger.ms=%d` (`probe_producer.py`: %d small messages at %d/s with the relay's other "
+                         "producer settings, before the runs; librdkafka statistics, median of the 1-s windows' p50 / largest "
+                         "p99): queue incl. linger (`int_latency`) %s / %s ms, output buffer (`outbuf_latency`) %s / %s ms, "
                          "request → acks=all response (`rtt`) %s / %s ms; produce() → delivery report in Python %s / %s ms."
-                         % (kp["messages"], p["rate"],
-                            f(kp["int_latency_us"]["p50"] / 1000.0, "%.2f"), f(kp["int_latency_us"]["p99"] / 1000.0, "%.2f"),
-                            f(kp["outbuf_latency_us"]["p50"] / 1000.0, "%.2f"), f(kp["outbuf_latency_us"]["p99"] / 1000.0, "%.2f"),
-                            f(kp["rtt_us"]["p50"] / 1000.0, "%.2f"), f(kp["rtt_us"]["p99"] / 1000.0, "%.2f"),
-                            f(kp["dr_ms"]["p50"], "%.2f"), f(kp["dr_ms"]["p99"], "%.2f")))
+                         % (k.get("linger_ms", 1), k["messages"], p["rate"],
+                            ms(k["int_latency_us"], "p50"), ms(k["int_latency_us"], "p99"),
+                            ms(k["outbuf_latency_us"], "p50"), ms(k["outbuf_latency_us"], "p99"),
+                            ms(k["rtt_us"], "p50"), ms(k["rtt_us"], "p99"),
+                            f(k["dr_ms"]["p50"], "%.2f"), f(k["dr_ms"]["p99"], "%.2f")))
+                L.append("")
+            sched = [(k, sorted((w, d) for w, d in lt[k].get("breakdown", {}).get("sched", {}).items() if d))
+                     for k in present]
+            if any(x for _, x in sched):
+                L.append("Waiting for a CPU (kernel `schedstat` of the process, summed over its threads, per second of "
+                         "the run: runnable but not running / on a CPU, ms; mean wait per time slice):")
+                L.append("")
+                for k, x in sched:
+                    if x:
+                        L.append("- %s run: %s" % (names[k].split(" (")[0], "; ".join(
+                            "%s %s / %s (%s per slice)" % ("the relay" if w == "relay" else "Kafka",
+                                                         f(d["runqueue_ms_per_s"]), f(d["cpu_ms_per_s"]),
+                                                         f(d["wait_per_slice_ms"], "%.2f")) for w, d in x)))
                 L.append("")
             fs = lt.get("fsync")
             if fs and "fdatasync_ms" in fs:
