@@ -636,6 +636,7 @@ class Bench:
         self.q("TRUNCATE bench_orders" + (", " + table if table else ""))
         self.q("CHECKPOINT")
         proc = None
+        acked = {}
         if system == "ext":
             if LAT_RELAY_ASYNC_COMMIT:
                 self.relay_sync_commit(False)
@@ -717,7 +718,10 @@ class Bench:
                 "SELECT event_id, extract(epoch FROM published_at)::float8 FROM outbox.events"
                 " WHERE published_at IS NOT NULL")}
             if LAT_KAFKA_PROPERTIES:
-                self.q("ALTER SYSTEM RESET outbox.kafka_properties")
+                if RELAY_KAFKA_PROPERTIES:
+                    self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % RELAY_KAFKA_PROPERTIES.replace("'", "''"))
+                else:
+                    self.q("ALTER SYSTEM RESET outbox.kafka_properties")
             if LAT_RELAY_ASYNC_COMMIT:
                 self.relay_sync_commit(True)
             self.set_retention(None)
