@@ -19,6 +19,8 @@
 #   BENCH_RATE              1000      events (= commits) per second in section 3
 #   BENCH_WARMUP_SECONDS    5         unmeasured warm-up before each latency run
 #   BENCH_DBZ_POLL_MS       10        Debezium poll.interval.ms in the latency run (its default 500 in the drain)
+#   BENCH_LAT_BATCH_CONSUMER 0        1: section 3 also runs the Python consumer as it was before 2026-12
+#                                     (consume(1000, 0.05)), to show what its batch window costs
 #   BENCH_SECTIONS          1,2a,2b,2c,3   which sections to run (2a includes section 4)
 #   BENCH_MAX_OTHER_CORES   0.5       before each section: wait while other processes use more
 #   BENCH_QUIET_WAIT        60        ... but at most this many seconds (then run, and record it)
@@ -94,6 +96,10 @@ stop_servers() {
 
 mkdir -p "$BENCH_WORK_DIR"
 build_debezium
+# section 3's low-overhead consumer (librdkafka, like the relay)
+cc -O2 -Wall -o "$BENCH_WORK_DIR/lat_consumer" "$BENCH_DIR/load/lat_consumer.c" -lrdkafka \
+    || die "cannot build bench/load/lat_consumer.c (librdkafka-dev)"
+export BENCH_LAT_C_CONSUMER="$BENCH_WORK_DIR/lat_consumer"
 
 trap stop_servers EXIT
 trap 'exit 130' INT TERM

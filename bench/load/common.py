@@ -64,10 +64,10 @@ def pg_conninfo(dbname=None):
 # ----------------------------------------------------------------------------- Kafka
 
 
-def create_topic(name, partitions=PARTITIONS):
+def create_topic(name, partitions=PARTITIONS, config=None):
     """Create a topic (replication 1) and wait until its metadata shows every partition."""
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
-    fs = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
+    fs = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=30)
     for _, f in fs.items():
         try:
             f.result(60)
@@ -182,3 +182,36 @@ class CpuMeter:
         d["load_before"] = a["load"]
         d["load_after"] = b["load"]
         return d
+
+
+def schedstat(pid):
+    """(seconds on a CPU, seconds runnable but waiting for a CPU, timeslices) summed over the
+    threads of pid (/proc/<pid>/task/*/schedstat; the kernel's per-task run-queue accounting)."""
+    run = wait = slices = 0
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                a, b, c = f.read().split()[:3]
+        except (OSError, ValueError):
+            continue
+        run += int(a)
+        wait += int(b)
+        slices += int(c)
+    return run / 1e9, wait / 1e9, slices
+
+
+def schedstat_delta(a, b):
+    """Run-queue wait between two schedstat() samples: ms per wall second (summed over threads)
+    and the mean wait per timeslice (ms): how long a wake-up waited for a CPU."""
+    if a is None or b is None:
+        return None
+    wall = b[3] - a[3]
+    slices = b[2] - a[2]
+    return {"runqueue_ms_per_s": round((b[1] - a[1]) * 1000.0 / wall, 1) if wall > 0 else None,
+            "cpu_ms_per_s": round((b[0] - a[0]) * 1000.0 / wall, 1) if wall > 0 else None,
+            "wait_per_slice_ms": round((b[1] - a[1]) * 1000.0 / slices, 3) if slices > 0 else None}
+

@@ -48,6 +48,20 @@ CHUNK = 100000
 # Debezium's poll.interval.ms in the latency run: its default (500) makes every batch wait that long
 # when the 2,048-record batch does not fill; 10 ms is the latency setting, like the poller's 0 ms
 DBZ_LATENCY_POLL_MS = env_int("BENCH_DBZ_POLL_MS", 10)
+# section 3: topics stamped by the broker; the C consumer run.sh builds; the old batch consumer
+LAT_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
+LAT_C_CONSUMER = env_str("BENCH_LAT_C_CONSUMER", "")
+LAT_BATCH_CONSUMER = env_int("BENCH_LAT_BATCH_CONSUMER", 0)
+LAT_SYSTEMS = [x for x in env_str("BENCH_LAT_SYSTEMS", "ext,dbz,poller").split(",") if x]
+# extra librdkafka properties for the relay during section 3 (outbox.kafka_properties), e.g. to
+# compare linger.ms values; empty = the relay's defaults
+LAT_KAFKA_PROPERTIES = env_str("BENCH_LAT_KAFKA_PROPERTIES", "")
+# the same for the whole run (every section)
+RELAY_KAFKA_PROPERTIES = env_str("BENCH_RELAY_KAFKA_PROPERTIES", "")
+# 1: the relay's own transactions commit with synchronous_commit = off during section 3 (set on the
+# database, the relay restarted to read it; the load generator keeps on through PGOPTIONS): how much
+# of the latency is the relay's commit flush
+LAT_RELAY_ASYNC_COMMIT = env_int("BENCH_LAT_RELAY_ASYNC_COMMIT", 0)
 WORK = env_str("BENCH_WORK_DIR", "/tmp/outbox-bench-work")
 RESULTS = env_str("BENCH_RESULTS_DIR", os.path.join(BENCH, "results"))
 MAX_OTHER_CORES = float(env_str("BENCH_MAX_OTHER_CORES", "0.5"))
@@ -282,6 +296,10 @@ class Bench:
             os.remove(os.path.join(WORK, "dbz-offsets.dat"))
         with open(os.path.join(BENCH, "sql/setup.sql")) as f:
             self.q(f.read())
+        if RELAY_KAFKA_PROPERTIES:
+            self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % RELAY_KAFKA_PROPERTIES.replace("'", "''"))
+            self.q("SELECT pg_reload_conf()")
+            self.res["notes"].append("relay outbox.kafka_properties = '%s' for the whole run" % RELAY_KAFKA_PROPERTIES)
         self.has_pause = bool(self.q1("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
                                       " WHERE n.nspname = 'outbox' AND p.proname = 'pause'"))
         if not self.has_pause:
@@ -653,13 +671,21 @@ class Bench:
     def latency_run(self, system):
         agg = "bench_lat_%s" % system
         topic = "outbox.event." + agg
-        common.create_topic(topic)
+        # LogAppendTime: every message carries the broker's append time (ms), which splits the
+        # latency into commit -> Kafka and Kafka -> consumer without touching the systems
+        common.create_topic(topic, config=LAT_TOPIC_CONFIG)
         table = {"ext": "outbox.events", "dbz": None, "poller": "poller_outbox"}[system]
         # fresh tables; Debezium's stays (a TRUNCATE would reach the connector through the slot)
         self.q("TRUNCATE bench_orders" + (", " + table if table else ""))
         self.q("CHECKPOINT")
         proc = None
+        acked = {}
         if system == "ext":
+            if LAT_RELAY_ASYNC_COMMIT:
+                self.relay_sync_commit(False)
+            if LAT_KAFKA_PROPERTIES:
+                self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % LAT_KAFKA_PROPERTIES.replace("'", "''"))
+            self.set_retention(-1)      # keep published_at of every row until it is read below
             self.resume()
             self.wait_for("relay running", lambda: self.relay_state() in ("idle", "publishing"), 30)
         elif system == "dbz":
@@ -672,10 +698,23 @@ class Bench:
             os.remove(stop_file)
         commits_csv = os.path.join(WORK, "lat-%s-commits.csv" % system)
         recv_csv = os.path.join(WORK, "lat-%s-recv.csv" % system)
-        cons = subprocess.Popen([PY, os.path.join(HERE, "consumer.py"), "--topic", topic, "--out", recv_csv,
-                                 "--stop-file", stop_file], stdout=subprocess.PIPE, text=True)
-        if cons.stdout.readline().strip() != "READY":
-            raise RuntimeError("latency consumer did not start")
+        # the consumers, each reading the whole topic: the Python one, the C one (lat_consumer.c,
+        # built by run.sh), and with BENCH_LAT_BATCH_CONSUMER=1 the Python one as it was before
+        # (consume(1000, 0.05)), to show what its batch window cost
+        cmds = {"py": [PY, os.path.join(HERE, "consumer.py"), "--topic", topic, "--out", recv_csv,
+                       "--stop-file", stop_file]}
+        if LAT_C_CONSUMER:
+            cmds["c"] = [LAT_C_CONSUMER, common.kafka_bootstrap(), topic, str(common.PARTITIONS),
+                         recv_csv.replace(".csv", "-c.csv"), stop_file]
+        if LAT_BATCH_CONSUMER:
+            cmds["py_batch"] = cmds["py"][:] + ["--batch"]
+            cmds["py_batch"][5] = recv_csv.replace(".csv", "-batch.csv")
+        consumers = {}
+        for k, cmd in cmds.items():
+            consumers[k] = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            if consumers[k].stdout.readline().strip() != "READY":
+                raise RuntimeError("latency consumer %s did not start" % k)
+        cons = consumers["py"]
         quiet = self.quiet_check("3-" + system)
         m = self.meter()
         stop = threading.Event()
@@ -684,18 +723,27 @@ class Bench:
         if system == "ext":
             sampler = threading.Thread(target=self.sample_relay, args=(self.relay_pid(), stop, counts))
             sampler.start()
+        # run-queue waits (kernel schedstat) of the relay and of Kafka: on a shared 2-core machine
+        # the time a woken process waits for a CPU is a part of the latency no setting removes
+        sched_pids = {"kafka": self.kafka_pid}
+        if system == "ext":
+            sched_pids["relay"] = self.relay_pid()
+        sched_a = {k: common.schedstat(v) + (time.time(),) for k, v in sched_pids.items() if common.schedstat(v)}
         a = m.snap()
         g = subprocess.run([PY, os.path.join(HERE, "loadgen.py"), "--system", system, "--aggregate-type", agg,
                             "--rate", str(RATE), "--seconds", str(LATENCY_SECONDS), "--warmup", str(WARMUP_SECONDS),
                             "--aggregates", str(AGGREGATES), "--out", commits_csv],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True,
+                           env=dict(os.environ, PGOPTIONS="-c synchronous_commit=on") if LAT_RELAY_ASYNC_COMMIT else None)
         if g.returncode != 0:
             raise RuntimeError("load generator failed: %s %s" % (g.stdout[-2000:], g.stderr[-2000:]))
         committed = int(g.stdout.split()[1])
         achieved = float(g.stdout.split()[3])
         with open(stop_file, "w") as f:
             f.write(str(committed))
-        out, _ = cons.communicate(timeout=600)
+        sched_b = {k: common.schedstat(v) + (time.time(),) for k, v in sched_pids.items() if common.schedstat(v)}
+        for c in consumers.values():
+            c.communicate(timeout=600)
         t_end = time.time()
         cpu = m.delta(a, m.snap())
         stop.set()
@@ -709,6 +757,17 @@ class Bench:
                 proc[0].wait(60)
         elif system == "ext":
             self.pause()
+            acked = {str(r[0]): r[1] for r in self.q(
+                "SELECT event_id, extract(epoch FROM published_at)::float8 FROM outbox.events"
+                " WHERE published_at IS NOT NULL")}
+            if LAT_KAFKA_PROPERTIES:
+                if RELAY_KAFKA_PROPERTIES:
+                    self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % RELAY_KAFKA_PROPERTIES.replace("'", "''"))
+                else:
+                    self.q("ALTER SYSTEM RESET outbox.kafka_properties")
+            if LAT_RELAY_ASYNC_COMMIT:
+                self.relay_sync_commit(True)
+            self.set_retention(None)
         commits = {}
         lags = []
         with open(commits_csv) as f:
@@ -716,14 +775,19 @@ class Bench:
                 commits[row["event_id"]] = (float(row["commit_time"]), row["phase"])
                 if row["phase"] == "measure":
                     lags.append(float(row["sched_lag"]))
-        recv = {}
-        dups = 0
-        with open(recv_csv) as f:
-            for row in csv.DictReader(f):
-                if row["event_id"] in recv:
-                    dups += 1
-                    continue
-                recv[row["event_id"]] = float(row["recv_time"])
+        def read_recv(path):
+            recv, append, dups = {}, {}, 0
+            with open(path) as f:
+                for row in csv.DictReader(f):
+                    if row["event_id"] in recv:
+                        dups += 1
+                        continue
+                    recv[row["event_id"]] = float(row["recv_time"])
+                    if row.get("kafka_ts_type") in ("2",):     # TIMESTAMP_LOG_APPEND_TIME
+                        append[row["event_id"]] = int(row["kafka_ts_ms"]) / 1000.0
+            return recv, append, dups
+
+        recv, append, dups = read_recv(recv_csv)
         lat = []
         missing = 0
         for eid, (tc, phase) in commits.items():
@@ -733,14 +797,54 @@ class Bench:
                 missing += 1
                 continue
             lat.append((recv[eid] - tc) * 1000.0)
-        r = {"offered_rate": RATE, "achieved_commit_rate": achieved, "measured_events": len(lat) + missing,
+
+        def dist(values):
+            if not values:
+                return None
+            return {"n": len(values), "p50": round(pct(values, 50), 2), "p95": round(pct(values, 95), 2),
+                    "p99": round(pct(values, 99), 2), "max": round(max(values), 2)}
+
+        def span(a, b):
+            """b - a in ms over the measured events that have both."""
+            return dist([(b[e] - a[e]) * 1000.0 for e, (tc, ph) in commits.items()
+                         if ph == "measure" and e in a and e in b])
+
+        commit_t = {e: tc for e, (tc, ph) in commits.items()}
+        bd = {"commit_to_py_consumer": dist(lat),
+              "sched": {k: common.schedstat_delta(sched_a[k], sched_b[k]) for k in sched_a if k in sched_b}}
+        if append:
+            # the broker's LogAppendTime has ms resolution (truncated): up to 1 ms too early
+            bd["commit_to_kafka_append"] = span(commit_t, append)
+            bd["kafka_append_to_py_consumer"] = span(append, recv)
+        if system == "ext" and acked:
+            # published_at: the relay saw the last delivery report of the batch (GetCurrentTimestamp
+            # before its UPDATE); the relay's commit follows
+            bd["commit_to_relay_ack"] = span(commit_t, acked)
+            meas = sorted(acked[e] for e, (tc, ph) in commits.items() if ph == "measure" and e in acked)
+            cycles = sorted(set(meas))
+            if len(cycles) > 1:
+                gaps = [(b - a) * 1000.0 for a, b in zip(cycles, cycles[1:])]
+                bd["relay_batches"] = {"batches": len(cycles), "events_per_batch": round(len(meas) / len(cycles), 2),
+                                       "batch_interval_ms": dist(gaps)}
+        for k in ("c", "py_batch"):
+            if k not in consumers:
+                continue
+            rc, ra, rd = read_recv(cmds[k][4] if k == "c" else cmds[k][5])
+            bd["commit_to_%s_consumer" % k] = span(commit_t, rc)
+            bd["missing_%s_consumer" % k] = sum(1 for e, (tc, ph) in commits.items() if ph == "measure" and e not in rc)
+            if k == "c" and ra:
+                bd["kafka_append_to_c_consumer"] = span(ra, rc)
+                if "commit_to_kafka_append" not in bd:
+                    bd["commit_to_kafka_append"] = span(commit_t, ra)
+        r = {"offered_rate": RATE, "relay_synchronous_commit_off": bool(LAT_RELAY_ASYNC_COMMIT and system == "ext"),
+             "relay_kafka_properties": LAT_KAFKA_PROPERTIES if system == "ext" else "", "achieved_commit_rate": achieved, "measured_events": len(lat) + missing,
              "received": len(lat), "missing": missing, "duplicates": dups,
              "p50_ms": round(pct(lat, 50), 2) if lat else None, "p95_ms": round(pct(lat, 95), 2) if lat else None,
              "p99_ms": round(pct(lat, 99), 2) if lat else None, "max_ms": round(max(lat), 2) if lat else None,
              "mean_ms": round(sum(lat) / len(lat), 2) if lat else None,
              "min_ms": round(min(lat), 2) if lat else None,
              "schedule_lag_p99_ms": round(pct(lags, 99) * 1000, 2) if lags else None,
-             "cpu": cpu, "quiet": quiet}
+             "cpu": cpu, "quiet": quiet, "breakdown": bd}
         if counts:
             total = sum(counts.values())
             r["relay_activity_pct"] = {k: round(100.0 * v / total, 1)
@@ -749,10 +853,57 @@ class Bench:
             % (system, r["p50_ms"], r["p95_ms"], r["p99_ms"], r["max_ms"], len(lat), missing, dups, achieved))
         return r
 
+    def relay_sync_commit(self, on):
+        db = env_str("PGDATABASE", "outbox")
+        self.q("ALTER DATABASE %s %s" % (db, "RESET synchronous_commit" if on else "SET synchronous_commit = off"))
+        old = self.relay_pid()
+        self.q("SELECT pg_terminate_backend(%s)", (old,))
+        self.wait_for("relay restarted", lambda: self.relay_pid() not in (None, old), 120, 0.5)
+        self.wait_for("relay ready", lambda: self.relay_state() in ("idle", "publishing", "paused"), 60, 0.5)
+        log("  relay restarted with synchronous_commit %s" % ("on" if on else "off"))
+
+    def test_fsync(self):
+        """The commit's floor: pg_test_fsync on the cluster's file system (one 8kB write + fdatasync,
+        PostgreSQL's wal_sync_method on Linux).  Every commit of the load generator and every
+        batch of the relay waits for one such flush (or joins one: group commit)."""
+        exe = os.path.join(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip(),
+                           "pg_test_fsync")
+        if not os.path.exists(exe):
+            return None
+        path = os.path.join(env_str("OUTBOX_PG_DIR", "/tmp/outbox-bench-pg"), "pg_test_fsync.tmp")
+        p = subprocess.run([exe, "-s", "1", "-f", path], capture_output=True, text=True)
+        m = re.search(r"one 8kB write.*?\n\s+open_datasync.*?\n\s+fdatasync\s+([\d.]+) ops/sec\s+(\d+) usecs/op",
+                      p.stdout, re.S)
+        if not m:
+            return {"error": (p.stdout + p.stderr)[-500:]}
+        r = {"fdatasync_ops_per_s": float(m.group(1)), "fdatasync_ms": int(m.group(2)) / 1000.0}
+        log("  pg_test_fsync: 8kB write + fdatasync %.2f ms (%.0f/s)" % (r["fdatasync_ms"], r["fdatasync_ops_per_s"]))
+        return r
+
+    def kafka_probe(self):
+        """Kafka's own produce -> acknowledgement time at BENCH_RATE, with the relay's producer
+        settings, from librdkafka's statistics (probe_producer.py), before the systems run."""
+        topic = "bench_lat_probe"
+        common.create_topic(topic, config=LAT_TOPIC_CONFIG)
+        out = {}
+        for linger in (1, 0):       # the relay's default, and without linger
+            p = subprocess.run([PY, os.path.join(HERE, "probe_producer.py"), "--topic", topic, "--rate", str(RATE),
+                                "--seconds", str(min(10, LATENCY_SECONDS)), "--linger-ms", str(linger)],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                return {"error": p.stderr[-500:]}
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            log("  Kafka probe linger.ms=%d: rtt p50 %s p99 %s us, int_latency p50 %s p99 %s us, dr p50 %.2f p99 %.2f ms"
+                % (linger, r["rtt_us"]["p50"], r["rtt_us"]["p99"], r["int_latency_us"]["p50"],
+                   r["int_latency_us"]["p99"], r["dr_ms"]["p50"], r["dr_ms"]["p99"]))
+            out["linger_%d" % linger] = r
+        return out
+
     def section3(self):
         log("section 3: latency at %d events/s for %d s (+%d s warm-up)" % (RATE, LATENCY_SECONDS, WARMUP_SECONDS))
-        out = {"poller_idle_sleep_ms": 10, "dbz_poll_interval_ms": DBZ_LATENCY_POLL_MS}
-        for system in ("ext", "dbz", "poller"):
+        out = {"poller_idle_sleep_ms": 10, "dbz_poll_interval_ms": DBZ_LATENCY_POLL_MS,
+               "fsync": self.test_fsync(), "kafka_probe": self.kafka_probe()}
+        for system in LAT_SYSTEMS:
             out[system] = self.latency_run(system)
         self.res["sections"]["3_latency"] = out
 

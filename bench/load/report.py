@@ -170,6 +170,11 @@ def render(r):
         names = {"ext": "extension relay (defaults, woken by the commit)",
                  "dbz": "Debezium embedded (poll.interval.ms %s)" % lt.get("dbz_poll_interval_ms", 500),
                  "poller": "Python poller (idle sleep %d ms)" % lt.get("poller_idle_sleep_ms", 10)}
+        ext = lt.get("ext", {})
+        if ext.get("relay_kafka_properties") or ext.get("relay_synchronous_commit_off"):
+            changed = ([ext["relay_kafka_properties"]] if ext.get("relay_kafka_properties") else []) + \
+                      (["relay's synchronous_commit off"] if ext.get("relay_synchronous_commit_off") else [])
+            names["ext"] = "extension relay (woken by the commit; %s)" % ", ".join(changed)
         for k in ("ext", "dbz", "poller"):
             if k in lt:
                 d = lt[k]
@@ -184,6 +189,73 @@ def render(r):
             if k in lt:
                 L.append("| %s | %s |" % (names[k], cpu_cells(lt[k]["cpu"])))
         L.append("")
+
+        if any("breakdown" in lt.get(k, {}) for k in ("ext", "dbz", "poller")):
+            L.append("Where the time goes (same runs, per event, ms, p50 / p99; the bench topics use the broker's "
+                     "`LogAppendTime`, which has ms resolution and is truncated, so spans that start or end there "
+                     "are up to 1 ms off):")
+            L.append("")
+            present = [k for k in ("ext", "dbz", "poller") if k in lt]
+            L.append("| span | " + " | ".join(names[k] for k in present) + " |")
+            L.append("|---|" + "---:|" * len(present))
+            rows = [("commit → relay sees Kafka's ack (`published_at`, the relay's commit follows)", "commit_to_relay_ack"),
+                    ("commit → Kafka appended it (`LogAppendTime`)", "commit_to_kafka_append"),
+                    ("Kafka append → C consumer (`lat_consumer.c`, librdkafka)", "kafka_append_to_c_consumer"),
+                    ("Kafka append → Python consumer", "kafka_append_to_py_consumer"),
+                    ("**commit → C consumer**", "commit_to_c_consumer"),
+                    ("**commit → Python consumer** (poll per message; the table above)", "commit_to_py_consumer"),
+                    ("commit → Python consumer as before 2026-12 (`consume(1000, 0.05)`)", "commit_to_py_batch_consumer")]
+            for label, key in rows:
+                cells = []
+                for k in present:
+                    d = lt[k].get("breakdown", {}).get(key)
+                    cells.append("%s / %s" % (f(d["p50"]), f(d["p99"])) if d else "—")
+                if any(c != "—" for c in cells):
+                    L.append("| %s | %s |" % (label, " | ".join(cells)))
+            L.append("")
+            rb = lt.get("ext", {}).get("breakdown", {}).get("relay_batches")
+            if rb:
+                L.append("Relay cycles during its run: %d batches, %.2f events each; time between batches p50 %s / "
+                         "p99 %s ms (each cycle: claim, produce, wait for every delivery report, mark, commit)."
+                         % (rb["batches"], rb["events_per_batch"], f(rb["batch_interval_ms"]["p50"]),
+                            f(rb["batch_interval_ms"]["p99"])))
+                L.append("")
+            kp = lt.get("kafka_probe") or {}
+            if "rtt_us" in kp:              # results of before the linger.ms=0 probe
+                kp = {"linger_1": kp}
+            for name in ("linger_1", "linger_0"):
+                k = kp.get(name)
+                if not k or "rtt_us" not in k:
+                    continue
+                ms = lambda d, q: f(d[q] / 1000.0, "%.2f") if d.get(q) is not None else "-"
+                L.append("Kafka alone, `linger.ms=%d` (`probe_producer.py`: %d small messages at %d/s with the relay's other "
+                         "producer settings, before the runs; librdkafka statistics, median of the 1-s windows' p50 / largest "
+                         "p99): queue incl. linger (`int_latency`) %s / %s ms, output buffer (`outbuf_latency`) %s / %s ms, "
+                         "request → acks=all response (`rtt`) %s / %s ms; produce() → delivery report in Python %s / %s ms."
+                         % (k.get("linger_ms", 1), k["messages"], p["rate"],
+                            ms(k["int_latency_us"], "p50"), ms(k["int_latency_us"], "p99"),
+                            ms(k["outbuf_latency_us"], "p50"), ms(k["outbuf_latency_us"], "p99"),
+                            ms(k["rtt_us"], "p50"), ms(k["rtt_us"], "p99"),
+                            f(k["dr_ms"]["p50"], "%.2f"), f(k["dr_ms"]["p99"], "%.2f")))
+                L.append("")
+            sched = [(k, sorted((w, d) for w, d in lt[k].get("breakdown", {}).get("sched", {}).items() if d))
+                     for k in present]
+            if any(x for _, x in sched):
+                L.append("Waiting for a CPU (kernel `schedstat` of the process, summed over its threads, per second of "
+                         "the run: runnable but not running / on a CPU, ms; mean wait per time slice):")
+                L.append("")
+                for k, x in sched:
+                    if x:
+                        L.append("- %s run: %s" % (names[k].split(" (")[0], "; ".join(
+                            "%s %s / %s (%s per slice)" % ("the relay" if w == "relay" else "Kafka",
+                                                         f(d["runqueue_ms_per_s"]), f(d["cpu_ms_per_s"]),
+                                                         f(d["wait_per_slice_ms"], "%.2f")) for w, d in x)))
+                L.append("")
+            fs = lt.get("fsync")
+            if fs and "fdatasync_ms" in fs:
+                L.append("Commit floor (`pg_test_fsync`, one 8kB write + fdatasync on the cluster's file system): "
+                         "%.3f ms (%.0f/s)." % (fs["fdatasync_ms"], fs["fdatasync_ops_per_s"]))
+                L.append("")
 
         prof = lt.get("ext", {}).get("relay_activity_pct", {})
         if prof:
