@@ -12,7 +12,8 @@ EXTENSION = outbox
 EXTVERSION = 1.4
 MODULE_big = outbox
 # in data-path order: start-up, settings, the write side, the relay
-# process, the state both sides share
+# process (one batch: claim, row to message, marks; snapshot batches,
+# retention, the transaction frame both run in), the state both sides share
 OBJS = \
 	src/outbox.o \
 	src/guc.o \
@@ -23,8 +24,12 @@ OBJS = \
 	src/capture.o \
 	src/ops.o \
 	src/worker.o \
-	src/relay.o \
+	src/batch.o \
+	src/message.o \
+	src/mark.o \
 	src/snapshot.o \
+	src/retention.o \
+	src/relay_xact.o \
 	src/producer.o \
 	src/shmem.o \
 	src/status.o

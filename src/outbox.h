@@ -6,7 +6,7 @@
  * The extension has three parts that meet here:
  *	- the SQL API (emit.c) that writes events in the caller's transaction
  *	  and wakes the relay at commit,
- *	- the relay worker (worker.c, relay.c, producer.c) that publishes
+ *	- the relay worker (worker.c, batch.c, producer.c) that publishes
  *	  committed events to Kafka,
  *	- the shared-memory status (shmem.c, status.c) through which the two
  *	  sides and the DBA see each other.

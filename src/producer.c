@@ -90,7 +90,7 @@ static const char *const default_properties[][2] = {
 	 * the relay records the refusal, rebuilds the producer, and the held
 	 * back events wait behind the refused one.  (A later batch may already
 	 * be on the wire when it stops, so the relay also keeps a large event's
-	 * successors out of its batch: see BARRIER_BYTES in relay.c.)
+	 * successors out of its batch: see BARRIER_BYTES in message.c.)
 	 */
 	{"enable.gapless.guarantee", "true"},
 
@@ -372,7 +372,7 @@ wait_for_topic_creation(OutboxProducer *producer, TopicEntry *entry)
 	while (entry->error == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
 		   waited < TOPIC_CREATE_WAIT_MS)
 	{
-		/* interrupts are held during a batch (relay.c): look for SIGTERM */
+		/* interrupts are held during a batch (batch.c): look for SIGTERM */
 		if (ProcDiePending)
 			return;
 		CHECK_FOR_INTERRUPTS();

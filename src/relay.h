@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * relay.h
- *	  One relay step: claim a batch of committed events, publish them, mark
- *	  what Kafka acknowledged.
+ *	  The relay as worker.c calls it: one relay batch (batch.c) claims
+ *	  committed events, publishes them and marks what Kafka acknowledged;
+ *	  retention (retention.c) deletes published events once they expired.
  *
  *-------------------------------------------------------------------------
  */

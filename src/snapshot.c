@@ -119,7 +119,7 @@ outbox_snapshot_schema(Oid events_relid)
 /*
  * outbox_rows_due
  *		True if an event tracked row by row can be sent now: not failed, not
- *		in its backoff.  The relay sends those first, the 1.3 way (relay.c).
+ *		in its backoff.  The relay sends those first, the 1.3 way (batch.c).
  */
 bool
 outbox_rows_due(void)
@@ -350,7 +350,7 @@ outbox_snapshot_adopt(void)
 
 /*
  * outbox_snapshot_held
- *		Hash set of the aggregates (hash of type and id, as relay.c computes
+ *		Hash set of the aggregates (hash of type and id, as message.c computes
  *		it) that have an event tracked row by row still pending: their
  *		events of this batch must wait behind it.  With on_failed_event =
  *		skip, failed events hold nothing.  NULL when there are none.
@@ -431,7 +431,7 @@ outbox_aggregate_hash(const char *aggregate_type, const char *aggregate_id)
 
 /*
  * outbox_snapshot_claim_ceiling
- *		Highest id the row-tracked claim may take (relay.c): the progress's
+ *		Highest id the row-tracked claim may take (batch.c): the progress's
  *		id floor while events tracked by snapshot exist, else no limit.
  */
 int64

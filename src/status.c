@@ -4,7 +4,7 @@
  *	  The relay's state machine as seen from outside, and
  *	  outbox.worker_status().
  *
- * The relay worker (worker.c, and relay.c while it waits for Kafka) moves
+ * The relay worker (worker.c, and message.c while it waits for Kafka) moves
  * between the states of OutboxRelayState with outbox_enter_state(), which
  * logs each change that matters to a DBA once, not once per event or batch.
  * The state, the counters and the last error are copied into shared memory

@@ -11,7 +11,7 @@
  *	  are set (guc.c),
  *	- the topic of every event when it is emitted (emit.c),
  *	- a routed topic again when the relay produces it, because the prefix may
- *	  have changed since the event was emitted (relay.c).
+ *	  have changed since the event was emitted (message.c).
  *
  * Nothing here reads a setting or raises an error: callers pass the values
  * and word the messages.

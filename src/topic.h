@@ -5,7 +5,7 @@
  *
  * The functions here read no setting: the caller passes the prefix or the
  * parsed list, so guc.c (checking a new value), emit.c (checking an event)
- * and relay.c (routing a claimed row) can all use them.
+ * and message.c (routing a claimed row) can all use them.
  *
  *-------------------------------------------------------------------------
  */

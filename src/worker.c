@@ -4,7 +4,7 @@
  *	  The relay background worker: registration, start-up, main loop.
  *
  * The worker connects to outbox.database and loops: claim and publish a
- * batch (relay.c), delete expired published rows, then sleep on its latch
+ * batch (batch.c), delete expired published rows, then sleep on its latch
  * until a committing transaction wakes it (emit.c), librdkafka has events
  * for it (producer.c), or outbox.poll_interval passes.
  *

@@ -1,0 +1,484 @@
+/*-------------------------------------------------------------------------
+ *
+ * batch.c
+ *	  One relay transaction: lock outbox.events, check pause and permission,
+ *	  claim committed events (or, relay v2, take the next snapshot batch),
+ *	  produce them (message.c), wait for every delivery report, and mark
+ *	  what Kafka acknowledged (mark.c).  One call = one transaction of the
+ *	  relay worker.
+ *
+ * Why this is at-least-once:
+ *	- Rows are claimed in id order with FOR UPDATE SKIP LOCKED, and only
+ *	  committed rows are visible, so a rolled-back event is never read.
+ *	- A row is marked published only after its delivery report said Kafka
+ *	  acknowledged it (acks=all), in the same transaction that claimed it.
+ *	  A crash before that commit leaves the row unpublished; it is sent
+ *	  again, and consumers drop the duplicate by its "id" header.
+ *	- A row whose delivery failed keeps published_at NULL and gets
+ *	  attempts + 1, last_error and a backoff (mark.c).
+ * How per-aggregate order is kept is written down once, in message.c.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "mark.h"
+#include "message.h"
+#include "relay.h"
+#include "relay_xact.h"
+#include "snapshot.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "utils/acl.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+
+/*
+ * The claim, in three variants (see claim_variant()).
+ *
+ * An event waits while an earlier failed event of its aggregate cannot be
+ * sent yet: it is in its backoff, or (with on_failed_event = hold) marked
+ * failed.  A failed event that is due again is claimed with the rest, in id
+ * order; produce_row() (message.c) keeps the order within
+ * the batch.  The aggregates
+ * that are held back come from events_retry_idx, which is empty while all
+ * is well; the NOT IN is planned as one hash table per claim.  Its ORDER BY
+ * is that index's order, so that with sorts disabled in the worker it is
+ * the index used: with stale statistics the planner would otherwise walk
+ * the whole backlog in events_pending_idx for it.
+ */
+#define CLAIM_SELECT \
+"SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
+"       e.topic, e.payload, e.headers, e.created_at, e.attempts, e.ctid" \
+"  FROM outbox.events AS e" \
+" WHERE e.published_at IS NULL" \
+"   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= pg_catalog.now())"
+#define CLAIM_NOT_HELD(held) \
+"   AND (e.aggregate_type, e.aggregate_id) NOT IN (" \
+"        SELECT b.aggregate_type, b.aggregate_id FROM outbox.events AS b" \
+"         WHERE b.published_at IS NULL AND b.attempts > 0 AND " held \
+"         ORDER BY b.aggregate_type, b.aggregate_id)"
+#define CLAIM_ORDER \
+" ORDER BY e.id" \
+" LIMIT $1" \
+" FOR UPDATE OF e SKIP LOCKED"
+
+typedef enum ClaimVariant
+{
+	CLAIM_V10,					/* schema 1.0: no dead letters */
+	CLAIM_HOLD,					/* failed events hold their aggregate */
+	CLAIM_SKIP,					/* failed events are passed by */
+	NUM_CLAIM_VARIANTS
+} ClaimVariant;
+
+/*
+ * From 1.4 on, only row-tracked events (xid NULL) are claimed, and none
+ * above $2: the id floor of the snapshot relay's progress while events
+ * tracked by snapshot exist.  A row-tracked event above it may have a
+ * snapshot-tracked event of its aggregate before it that is committed but
+ * not yet published; it waits until the snapshot batches passed its id.
+ */
+static const char *const claim_sql_legacy[NUM_CLAIM_VARIANTS] = {
+	CLAIM_SELECT " AND e.xid IS NULL AND e.id <= $2"
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
+	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
+	CLAIM_ORDER
+};
+
+static const char *const claim_sql[NUM_CLAIM_VARIANTS] = {
+	CLAIM_SELECT
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL"
+	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
+	CLAIM_ORDER,
+	CLAIM_SELECT " AND e.failed_at IS NULL"
+	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
+	CLAIM_ORDER
+};
+
+/*
+ * The last claim of row-tracked events found nothing it could send (all
+ * held back): the next call turns to the snapshot batch, so that held rows
+ * never starve it.
+ */
+static bool rows_claimed_nothing = false;
+
+/* saved plans, prepared on first use in this worker */
+static SPIPlanPtr claim_plans[NUM_CLAIM_VARIANTS];
+static SPIPlanPtr claim_plans_legacy[NUM_CLAIM_VARIANTS];
+static SPIPlanPtr paused_plan = NULL;
+
+static void begin_batch(OutboxProducer *producer, Batch *batch);
+static bool relay_is_paused(Oid events_relid);
+static void check_can_delete(Oid events_relid);
+static ClaimVariant claim_variant(Oid relid);
+static bool relay_rows_first(void);
+static Portal open_claim(ClaimVariant variant, bool snapshot_schema);
+static void relay_claimed_rows(OutboxProducer *producer, Batch *batch,
+							   Portal portal, bool dead_letters,
+							   OutboxBatchResult *result);
+static void relay_snapshot_batch(OutboxProducer *producer, Batch *batch,
+								 OutboxBatchResult *result);
+static void produce_snapshot_chunks(OutboxProducer *producer, Batch *batch,
+									OutboxSnapshotBatch *sb);
+static int	snapshot_verdicts(OutboxProducer *producer, Batch *batch,
+							  Datum *demote, int *ndemote);
+static void wait_for_reports(OutboxProducer *producer,
+							 OutboxBatchResult *result);
+static void mark_batch(OutboxProducer *producer, BatchEntry *entries, int n,
+					   bool dead_letters, bool by_snapshot,
+					   OutboxBatchResult *result);
+
+/*
+ * outbox_relay_batch
+ *		Run one relay transaction: claim up to outbox.batch_size committed,
+ *		unpublished events in id order, produce them, wait for every
+ *		delivery report, and mark the acknowledged ones published (or
+ *		deleted, with outbox.retention = 0) and the failed ones for retry.
+ *
+ * Fills *result.  When outbox.events does not exist (extension not created
+ * yet, or dropped) it sets result->table_missing and touches nothing: the
+ * caller waits and looks again.  Other errors (SPI) are raised as ERROR and
+ * handled by the worker's error recovery.
+ */
+void
+outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
+{
+	Batch		batch;
+	MemoryContext callercxt;
+	Oid			relid;
+	ClaimVariant variant;
+	bool		snapshot_schema;
+	Portal		portal;
+
+	memset(result, 0, sizeof(*result));
+	callercxt = outbox_relay_xact_begin("outbox relay: claiming events");
+	result->cxt = callercxt;
+
+	relid = outbox_lock_events_table();
+	if (!OidIsValid(relid))
+	{
+		result->table_missing = true;
+		outbox_relay_xact_end(callercxt, false);
+		return;
+	}
+	begin_batch(producer, &batch);
+	if (relay_is_paused(relid))
+	{
+		result->paused = true;
+		outbox_relay_xact_end(callercxt, false);
+		return;
+	}
+	check_can_delete(relid);
+	variant = claim_variant(relid);
+	snapshot_schema = outbox_snapshot_schema(relid);
+	if (snapshot_schema && !relay_rows_first())
+	{
+		if (outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT ||
+			outbox_snapshot_events_exist())
+			relay_snapshot_batch(producer, &batch, result);
+		outbox_relay_xact_end(callercxt, true);
+		return;
+	}
+	portal = open_claim(variant, snapshot_schema);
+
+	/*
+	 * From here to the commit, SIGTERM (a fast or smart shutdown, a restart)
+	 * must not end the process mid-batch: what Kafka acknowledged would stay
+	 * unmarked and be sent again after the restart.  So interrupts are held;
+	 * on SIGTERM producing stops, the waits end at once (ProcDiePending is
+	 * checked in them), the acknowledged events are marked, and the worker
+	 * exits right after the commit.  Nothing in between waits for a lock:
+	 * the claim skips locked rows, the marks touch only rows it locked.
+	 * What else must not wait for the batch is served in the waits by hand:
+	 * the procsignal barriers that DROP DATABASE and others wait for
+	 * (absorb_barriers).
+	 */
+	HOLD_INTERRUPTS();
+	relay_claimed_rows(producer, &batch, portal, variant != CLAIM_V10, result);
+	outbox_relay_xact_end(callercxt, true);
+	RESUME_INTERRUPTS();
+}
+
+/*
+ * Start an empty batch of up to outbox.batch_size rows in the current
+ * memory context, and the producer's delivery slots for it.
+ */
+static void
+begin_batch(OutboxProducer *producer, Batch *batch)
+{
+	batch->entries = palloc0(sizeof(BatchEntry) * outbox_batch_size);
+	batch->n = 0;
+	batch->nblocking = 0;
+	batch->no_isolation = false;
+	batch->cxt = CurrentMemoryContext;
+	batch->held = NULL;
+	outbox_producer_begin_batch(producer, outbox_batch_size);
+}
+
+/*
+ * True if outbox.pause() paused the relay.  Schemas before 1.2 have no
+ * outbox.relay table and cannot be paused.
+ */
+static bool
+relay_is_paused(Oid events_relid)
+{
+	bool		isnull;
+	Datum		paused;
+
+	if (!OidIsValid(get_relname_relid("relay", get_rel_namespace(events_relid))))
+		return false;
+	if (SPI_execute_plan(outbox_prepare_plan(&paused_plan, "SELECT paused FROM outbox.relay",
+											 0, NULL), NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read outbox.relay");
+	if (SPI_processed == 0)
+		return false;
+	paused = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return !isnull && DatumGetBool(paused);
+}
+
+/*
+ * With outbox.retention = 0 an acknowledged event is deleted, not marked.
+ * A role without DELETE would have every batch sent, then fail to delete
+ * it, and send it again after the backoff, over and over: refuse before
+ * anything is sent.  (UPDATE needs no such check: the claim's FOR UPDATE
+ * fails on its own before a message is produced.)
+ */
+static void
+check_can_delete(Oid events_relid)
+{
+	if (outbox_retention != 0 ||
+		pg_class_aclcheck(events_relid, GetUserId(), ACL_DELETE) == ACLCHECK_OK)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied for table events"),
+			 errdetail("With outbox.retention = 0 the relay deletes each event once Kafka acknowledged it, so its role \"%s\" needs DELETE on outbox.events. Nothing was sent.",
+					   GetUserNameFromId(GetUserId(), false)),
+			 errhint("GRANT DELETE ON outbox.events to the relay's role, or set outbox.retention to a positive interval or -1.")));
+}
+
+/*
+ * Which claim fits the installed schema and settings.  The schema is
+ * detected by its columns, so a new library keeps relaying with the old
+ * schema until ALTER EXTENSION outbox UPDATE.
+ */
+static ClaimVariant
+claim_variant(Oid relid)
+{
+	if (get_attnum(relid, "failed_at") == InvalidAttrNumber)
+		return CLAIM_V10;
+	return outbox_on_failed_event == OUTBOX_ON_FAILED_SKIP ? CLAIM_SKIP : CLAIM_HOLD;
+}
+
+/*
+ * Should this call claim row-tracked events (schema 1.4)?  Yes when one is
+ * due, unless the last such claim found nothing it could send.
+ */
+static bool
+relay_rows_first(void)
+{
+	bool		rows = !rows_claimed_nothing && outbox_rows_due();
+
+	rows_claimed_nothing = false;
+	return rows;
+}
+
+/*
+ * Open the claim cursor: the variant for the schema and settings, and from
+ * 1.4 on the one for row-tracked events below the snapshot progress.
+ */
+static Portal
+open_claim(ClaimVariant variant, bool snapshot_schema)
+{
+	Oid			claim_types[2] = {INT4OID, INT8OID};
+	Datum		claim_values[2];
+
+	claim_values[0] = Int32GetDatum(outbox_batch_size);
+	claim_values[1] = Int64GetDatum(snapshot_schema ? outbox_snapshot_claim_ceiling() : 0);
+	return SPI_cursor_open(NULL,
+						   snapshot_schema ?
+						   outbox_prepare_plan(&claim_plans_legacy[variant],
+											   claim_sql_legacy[variant], 2, claim_types) :
+						   outbox_prepare_plan(&claim_plans[variant], claim_sql[variant],
+											   1, claim_types),
+						   claim_values, NULL, false);
+}
+
+/*
+ * Produce the rows of the claim cursor, wait for their reports, and mark
+ * them.  Interrupts are held by the caller.
+ */
+static void
+relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
+				   bool dead_letters, OutboxBatchResult *result)
+{
+	MemoryContext rowcxt = AllocSetContextCreate(CurrentMemoryContext,
+												 "outbox relay row",
+												 ALLOCSET_DEFAULT_SIZES);
+
+	(void) outbox_fetch_and_produce(producer, batch, portal, rowcxt);
+	result->claimed = batch->n;
+	rows_claimed_nothing = (batch->n == 0);
+
+	if (batch->n > 0)
+	{
+		wait_for_reports(producer, result);
+		mark_batch(producer, batch->entries, batch->n, dead_letters, false,
+				   result);
+	}
+	result->fatal = producer->fatal;
+}
+
+/*
+ * Relay v2 (schema 1.4): produce the next chunk of the snapshot batch (see
+ * snapshot.c) and, when Kafka acknowledged all of it, record the progress.
+ * No event row is locked or written.  PROTOTYPE: any failure leaves the
+ * progress where it was, and the whole chunk is sent again after the
+ * backoff (dead letters and hold/skip are not done yet).
+ */
+static void
+relay_snapshot_batch(OutboxProducer *producer, Batch *batch,
+					 OutboxBatchResult *result)
+{
+	OutboxSnapshotBatch sb;
+	Datum	   *demote = palloc(sizeof(Datum) * outbox_batch_size);
+	int			ndemote = 0;
+	int			verdicts;
+
+	outbox_snapshot_adopt();
+	outbox_snapshot_begin(&sb);
+	batch->held = outbox_snapshot_held();
+	HOLD_INTERRUPTS();
+	produce_snapshot_chunks(producer, batch, &sb);
+	result->claimed = batch->n;
+
+	if (batch->n > 0)
+		wait_for_reports(producer, result);
+	verdicts = snapshot_verdicts(producer, batch, demote, &ndemote);
+	if (verdicts < batch->n)
+		sb.exhausted = false;
+	if (verdicts > 0)
+	{
+		outbox_snapshot_demote(demote, ndemote);
+		mark_batch(producer, batch->entries, verdicts, true, true, result);
+		sb.from = batch->entries[verdicts - 1].id;
+	}
+	if (verdicts > 0 || sb.exhausted)
+		outbox_snapshot_save(&sb);
+	result->fatal = producer->fatal;
+	RESUME_INTERRUPTS();
+}
+
+/*
+ * Produce the snapshot batch sb, part A then part B, until the batch is
+ * full or both parts returned their last rows.
+ */
+static void
+produce_snapshot_chunks(OutboxProducer *producer, Batch *batch,
+						OutboxSnapshotBatch *sb)
+{
+	MemoryContext rowcxt;
+	bool		part_b = false;
+	int			limit;
+	int			got;
+
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
+								   ALLOCSET_DEFAULT_SIZES);
+	while (batch->n < outbox_batch_size && !producer->fatal && !ProcDiePending &&
+		   !sb->exhausted)
+	{
+		limit = outbox_batch_size - batch->n;
+		got = outbox_fetch_and_produce(producer, batch,
+									   outbox_snapshot_open(sb, limit, &part_b),
+									   rowcxt);
+		if (got < limit)
+		{
+			if (part_b)
+				sb->exhausted = true;
+			else
+				sb->part_a_done = true;
+		}
+	}
+}
+
+/*
+ * The progress may only cover a prefix of the batch in which every event
+ * has a verdict: acknowledged, or failed (or held back) and handed over
+ * to row tracking.  From the first event without a verdict (aborted
+ * waits, a fatal error, shutdown) on, the chunk is sent again.
+ *
+ * snapshot_verdicts returns the length of that prefix, and puts the ids of
+ * its failed and held-back events into demote[*ndemote].
+ */
+static int
+snapshot_verdicts(OutboxProducer *producer, Batch *batch, Datum *demote,
+				  int *ndemote)
+{
+	int			i;
+
+	for (i = 0; i < batch->n; i++)
+	{
+		BatchEntry *e = &batch->entries[i];
+		OutboxDelivery *d = &producer->deliveries[i];
+
+		if (e->produced && d->reported && d->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			continue;
+		if (e->held_back || outbox_delivery_failed(e, d))
+		{
+			demote[(*ndemote)++] = Int64GetDatum(e->id);
+			continue;
+		}
+		break;
+	}
+	return i;
+}
+
+/*
+ * Wait for the delivery reports of the batch; if they do not all come,
+ * keep what was acknowledged and give up on the rest for now.
+ */
+static void
+wait_for_reports(OutboxProducer *producer, OutboxBatchResult *result)
+{
+	pgstat_report_activity(STATE_RUNNING,
+						   "outbox relay: waiting for delivery reports");
+	if (!outbox_wait_for_deliveries(producer))
+	{
+		/* keep what was acknowledged, give up on the rest for now */
+		outbox_producer_abort_batch(producer);
+		result->aborted = true;
+	}
+}
+
+/*
+ * Mark entries[0..n-1] (mark.c) and add what that did to *result.
+ */
+static void
+mark_batch(OutboxProducer *producer, BatchEntry *entries, int n,
+		   bool dead_letters, bool by_snapshot, OutboxBatchResult *result)
+{
+	MarkCounts	counts;
+
+	memset(&counts, 0, sizeof(counts));
+	counts.cxt = result->cxt;
+	outbox_mark_results(producer, entries, n, dead_letters, by_snapshot,
+						&counts);
+	result->published += counts.published;
+	result->failed_permanent += counts.failed_permanent;
+	result->failed_transient += counts.failed_transient;
+	result->failed_unattributed += counts.failed_unattributed;
+	result->dead_lettered += counts.dead_lettered;
+	result->held_back += counts.held_back;
+	result->overtaken += counts.overtaken;
+	if (result->first_error == NULL)
+		result->first_error = counts.first_error;
+}

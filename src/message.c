@@ -1,0 +1,577 @@
+/*-------------------------------------------------------------------------
+ *
+ * message.c
+ *	  A claimed row becomes a Kafka message: read the row, decide whether it
+ *	  must wait behind its aggregate, build the message, send it with
+ *	  backpressure; and wait for the delivery reports of a batch.
+ *
+ * How per-aggregate order is kept (the one description; the code it names
+ * refers here):
+ *	- Rows are claimed in id order (batch.c) and produced in that order.
+ *	  librdkafka's idempotent producer keeps each partition in order through
+ *	  its own retries, and one aggregate id always maps to one partition
+ *	  (murmur2 on the key).
+ *	- Hold-back in the claim (batch.c): an event is not claimed while an
+ *	  earlier failed event of its aggregate cannot be sent yet (in its
+ *	  backoff, or marked failed with on_failed_event = hold): the NOT IN of
+ *	  the claim.  So later events cannot overtake a failed one on a later
+ *	  attempt.
+ *	- Hold-back in the batch (must_wait_behind_aggregate): once a row of an
+ *	  aggregate failed before reaching librdkafka in this batch, was held
+ *	  back, or is a barrier, its later rows are not produced and wait for
+ *	  the next claim.
+ *	- Barriers (BARRIER_BYTES): a retried or a large event may be refused
+ *	  by the broker.  librdkafka then stops (gapless guarantee), but a later
+ *	  batch of the same partition may already be on the wire; so the rest of
+ *	  its aggregate waits for the next claim, which comes right after.
+ *	- Suspects: a broker refuses a partition's whole record batch, so a
+ *	  refusal shared by several events is not known to be any one's own
+ *	  (mark.c).  Such an event is a suspect and goes out alone next time.
+ *	- Overtaken check (mark.c): an event acknowledged after an earlier
+ *	  failed event of its aggregate should not exist; it is counted.
+ *	- Snapshot batches (relay v2, snapshot.c): an event tracked by snapshot
+ *	  whose aggregate has a pending row-tracked event is held back (the held
+ *	  set, batch->held).  Events of a snapshot batch that failed or were held
+ *	  back are demoted to row tracking (relay_snapshot_batch in batch.c), and
+ *	  the row-tracked claim stays below the snapshot progress's id floor while
+ *	  snapshot-tracked events exist, so the two kinds never pass each other.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "message.h"
+#include "snapshot.h"
+#include "status.h"
+#include "topic.h"
+
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "postmaster/interrupt.h"
+#include "storage/latch.h"
+#include "storage/procsignal.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+/* rows fetched from the claim cursor at a time */
+#define CLAIM_FETCH_SIZE	256
+
+/*
+ * Events larger than this (value and key, bytes) are produced as barriers:
+ * later events of the same aggregate wait for the next claim.  Brokers refuse
+ * messages by size per topic (max.message.bytes, 1 MiB by default); small
+ * events are never refused for it.
+ */
+#define BARRIER_BYTES	65536
+
+/* headers of one message: ours, then up to 64 of the user's in place */
+typedef struct HeaderSpace
+{
+	const char *names[64 + 3];
+	const char *values[64 + 3];
+	size_t		lens[64 + 3];
+} HeaderSpace;
+
+/*
+ * Events that were refused together with others (see mark.c): ids, kept
+ * until the event is published or marked failed.  Such an event is produced
+ * alone next time, so that a refusal is known to be its own.
+ */
+static HTAB *suspects = NULL;
+
+static void produce_row(OutboxProducer *producer, Batch *batch,
+						HeapTuple tuple, TupleDesc tupdesc);
+static void read_claimed_row(BatchEntry *entry, HeapTuple tuple,
+							 TupleDesc tupdesc, char **aggregate_type,
+							 char **aggregate_id);
+static bool must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
+									   BatchEntry *entry);
+static void build_message(HeapTuple tuple, TupleDesc tupdesc,
+						  const char *topic, const char *aggregate_type,
+						  const char *aggregate_id, HeaderSpace *space,
+						  OutboxMessage *msg);
+static void build_headers(HeapTuple tuple, TupleDesc tupdesc,
+						  const char *aggregate_type, HeaderSpace *space,
+						  OutboxMessage *msg);
+static rd_kafka_resp_err_t send_with_backpressure(OutboxProducer *producer,
+												  int index,
+												  const OutboxMessage *msg);
+static void entry_failed(Batch *batch, BatchEntry *entry,
+						 rd_kafka_resp_err_t err, const char *text);
+static char *text_column(HeapTuple tuple, TupleDesc tupdesc, int col,
+						 bool *isnull);
+static int64 timestamptz_to_unix_ms(TimestampTz ts);
+static bool is_suspect(int64 id);
+static void absorb_barriers(void);
+
+/*
+ * outbox_fetch_and_produce
+ *		Fetch every row of portal and produce it, CLAIM_FETCH_SIZE rows at a
+ *		time, so that a batch of large payloads never sits in memory at once:
+ *		each row is copied into librdkafka's queue (which is bounded, see
+ *		producer.c) and its SPI copy freed with the chunk.
+ *
+ * Each row becomes entry batch->n of the batch.  Stops early when the batch
+ * is full, the producer hit a fatal error, or SIGTERM arrived.  Closes the
+ * portal and returns the number of rows fetched.  rowcxt is reset after
+ * each row.  SPI errors are raised as ERROR.
+ */
+int
+outbox_fetch_and_produce(OutboxProducer *producer, Batch *batch,
+						 Portal portal, MemoryContext rowcxt)
+{
+	int			fetched = 0;
+
+	while (batch->n < outbox_batch_size && !producer->fatal && !ProcDiePending)
+	{
+		uint64		i;
+
+		SPI_cursor_fetch(portal, true, CLAIM_FETCH_SIZE);
+		if (SPI_processed == 0)
+			break;
+		for (i = 0; i < SPI_processed && batch->n < outbox_batch_size && !ProcDiePending; i++)
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
+
+			produce_row(producer, batch, SPI_tuptable->vals[i],
+						SPI_tuptable->tupdesc);
+			batch->n++;
+			fetched++;
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(rowcxt);
+		}
+		SPI_freetuptable(SPI_tuptable);
+	}
+	SPI_cursor_close(portal);
+	return fetched;
+}
+
+/*
+ * Turn one claimed row into a Kafka message and produce it as entry
+ * batch->n of the batch.
+ *
+ * A row is not produced when an earlier row of the same aggregate failed
+ * before reaching librdkafka in this batch (held back, to keep order), or
+ * when it cannot be produced at all (illegal routed topic, message too
+ * large, ...): then entry->error records why.
+ */
+static void
+produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
+			TupleDesc tupdesc)
+{
+	int			index = batch->n;
+	BatchEntry *entry = &batch->entries[index];
+	OutboxMessage msg;
+	HeaderSpace space;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	char	   *topic;
+	bool		isnull;
+	rd_kafka_resp_err_t err;
+
+	read_claimed_row(entry, tuple, tupdesc, &aggregate_type, &aggregate_id);
+	if (must_wait_behind_aggregate(producer, batch, entry))
+		return;
+
+	topic = text_column(tuple, tupdesc, COL_TOPIC, &isnull);
+	if (topic == NULL)
+		topic = outbox_routed_topic(outbox_topic_prefix, aggregate_type);
+	if (!outbox_topic_is_legal(topic, strlen(topic)))
+	{
+		entry_failed(batch, entry, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION,
+					 psprintf("\"%s\" is not a legal Kafka topic name", topic));
+		return;
+	}
+	build_message(tuple, tupdesc, topic, aggregate_type, aggregate_id, &space,
+				  &msg);
+
+	err = send_with_backpressure(producer, index, &msg);
+	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+		return;					/* not produced: no verdict, sent again */
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		entry->produced = true;
+
+		/*
+		 * A retried event, or a large one, may be refused by the broker.
+		 * librdkafka then stops (gapless guarantee), but a later batch of
+		 * the same partition may already be on the wire and be written.  So
+		 * the rest of this aggregate waits for the next claim, which comes
+		 * right after this one; other aggregates are not affected.
+		 */
+		if (entry->attempts > 0 || msg.value_len + msg.key_len > BARRIER_BYTES)
+		{
+			entry->barrier = true;
+			batch->nblocking++;
+		}
+		if (entry->isolated)
+			(void) outbox_wait_for_deliveries(producer);
+	}
+	else if (err != RD_KAFKA_RESP_ERR__FATAL)
+		entry_failed(batch, entry, err, psprintf("%s (%s)", rd_kafka_err2str(err),
+												 rd_kafka_err2name(err)));
+	/* on _FATAL the row is left alone; the producer is rebuilt */
+}
+
+/*
+ * Fill entry with the id, attempts, ctid and aggregate hash of a claimed
+ * row, and return its aggregate type and id.
+ */
+static void
+read_claimed_row(BatchEntry *entry, HeapTuple tuple, TupleDesc tupdesc,
+				 char **aggregate_type, char **aggregate_id)
+{
+	bool		isnull;
+
+	entry->id = DatumGetInt64(SPI_getbinval(tuple, tupdesc, COL_ID, &isnull));
+	entry->attempts = DatumGetInt32(SPI_getbinval(tuple, tupdesc, COL_ATTEMPTS,
+												  &isnull));
+	entry->ctid = *((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, tupdesc, COL_CTID, &isnull)));
+	*aggregate_type = text_column(tuple, tupdesc, COL_AGGREGATE_TYPE, &isnull);
+	*aggregate_id = text_column(tuple, tupdesc, COL_AGGREGATE_ID, &isnull);
+	entry->aggregate_hash = outbox_aggregate_hash(*aggregate_type, *aggregate_id);
+}
+
+/*
+ * Must this row wait for a later claim to keep its aggregate's order (see
+ * the file header)?  If so, it is marked held back and true returned.  A
+ * suspect that may go out is marked isolated: every message produced
+ * before it has its report by now.
+ */
+static bool
+must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
+						   BatchEntry *entry)
+{
+	int			i;
+
+	/* tracked by snapshot, behind a pending row-tracked event: wait */
+	if (batch->held != NULL &&
+		hash_search(batch->held, &entry->aggregate_hash, HASH_FIND, NULL) != NULL)
+	{
+		entry->held_back = true;
+		batch->nblocking++;
+		return true;
+	}
+
+	/*
+	 * Keep order: once a row of this aggregate failed in this batch, or was
+	 * held back, or is a barrier, its later rows wait for the next claim.  A
+	 * hash collision only delays an unrelated aggregate by one batch.
+	 */
+	for (i = 0; batch->nblocking > 0 && i < batch->n; i++)
+	{
+		BatchEntry *earlier = &batch->entries[i];
+
+		if (earlier->aggregate_hash == entry->aggregate_hash &&
+			(earlier->error != RD_KAFKA_RESP_ERR_NO_ERROR || earlier->held_back ||
+			 earlier->barrier))
+		{
+			entry->held_back = true;
+			batch->nblocking++;
+			return true;
+		}
+	}
+
+	/*
+	 * A suspect goes out alone: every message produced before it has its
+	 * report first, and it has its own before the next is produced.
+	 */
+	if (is_suspect(entry->id))
+	{
+		if (batch->no_isolation || !outbox_wait_for_deliveries(producer) ||
+			producer->fatal)
+		{
+			batch->no_isolation = true;
+			entry->held_back = true;
+			batch->nblocking++;
+			return true;
+		}
+		entry->isolated = true;
+	}
+	return false;
+}
+
+/*
+ * Build the Kafka message of a claimed row for topic: the aggregate id is
+ * the key, the payload the value (NULL: a tombstone), created_at the
+ * timestamp.  The header arrays live in *space, or in palloc'd memory when
+ * the row has more than 64 headers.
+ */
+static void
+build_message(HeapTuple tuple, TupleDesc tupdesc, const char *topic,
+			  const char *aggregate_type, const char *aggregate_id,
+			  HeaderSpace *space, OutboxMessage *msg)
+{
+	bool		isnull;
+	Datum		d;
+
+	msg->topic = topic;
+	msg->key = aggregate_id;
+	msg->key_len = strlen(aggregate_id);
+
+	d = SPI_getbinval(tuple, tupdesc, COL_PAYLOAD, &isnull);
+	if (isnull)
+	{
+		msg->value = NULL;		/* tombstone */
+		msg->value_len = 0;
+	}
+	else
+	{
+		Jsonb	   *payload = DatumGetJsonbP(d);
+
+		msg->value = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+		msg->value_len = strlen(msg->value);
+	}
+
+	d = SPI_getbinval(tuple, tupdesc, COL_CREATED_AT, &isnull);
+	msg->timestamp_ms = timestamptz_to_unix_ms(DatumGetTimestampTz(d));
+
+	build_headers(tuple, tupdesc, aggregate_type, space, msg);
+}
+
+/*
+ * Set msg's headers: our headers first, then the user's, in their jsonb
+ * (sorted) order.  User headers whose value is not a string are left out.
+ */
+static void
+build_headers(HeapTuple tuple, TupleDesc tupdesc, const char *aggregate_type,
+			  HeaderSpace *space, OutboxMessage *msg)
+{
+	const char **hnames = space->names;
+	const char **hvalues = space->values;
+	size_t	   *hlens = space->lens;
+	int			nheaders = 0;
+	bool		isnull;
+	char	   *event_type;
+	char	   *event_id;
+	Datum		d;
+
+	event_type = text_column(tuple, tupdesc, COL_EVENT_TYPE, &isnull);
+	d = SPI_getbinval(tuple, tupdesc, COL_EVENT_ID, &isnull);
+	event_id = DatumGetCString(DirectFunctionCall1(uuid_out, d));
+
+	d = SPI_getbinval(tuple, tupdesc, COL_HEADERS, &isnull);
+	if (!isnull)
+	{
+		Jsonb	   *headers = DatumGetJsonbP(d);
+		int			count = JB_ROOT_IS_OBJECT(headers) ? JB_ROOT_COUNT(headers) : 0;
+
+		if (count > 64)
+		{
+			hnames = palloc(sizeof(char *) * (count + 3));
+			hvalues = palloc(sizeof(char *) * (count + 3));
+			hlens = palloc(sizeof(size_t) * (count + 3));
+		}
+	}
+	hnames[nheaders] = OUTBOX_HEADER_ID;
+	hvalues[nheaders] = event_id;
+	hlens[nheaders++] = strlen(event_id);
+	hnames[nheaders] = OUTBOX_HEADER_EVENT_TYPE;
+	hvalues[nheaders] = event_type;
+	hlens[nheaders++] = strlen(event_type);
+	hnames[nheaders] = OUTBOX_HEADER_AGGREGATE_TYPE;
+	hvalues[nheaders] = aggregate_type;
+	hlens[nheaders++] = strlen(aggregate_type);
+	if (!isnull)
+	{
+		Jsonb	   *headers = DatumGetJsonbP(d);
+		JsonbIterator *it = JsonbIteratorInit(&headers->root);
+		JsonbValue	v;
+		JsonbIteratorToken tok;
+		char	   *key = NULL;
+
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+		{
+			if (tok == WJB_KEY)
+				key = pnstrdup(v.val.string.val, v.val.string.len);
+			else if (tok == WJB_VALUE && v.type == jbvString && key != NULL)
+			{
+				hnames[nheaders] = key;
+				hvalues[nheaders] = v.val.string.val;
+				hlens[nheaders++] = v.val.string.len;
+			}
+		}
+	}
+	msg->nheaders = nheaders;
+	msg->header_names = hnames;
+	msg->header_values = hvalues;
+	msg->header_lens = hlens;
+}
+
+/*
+ * Hand msg to librdkafka as message index of the batch.  A full local queue
+ * is backpressure: serve reports and try again.  Returns librdkafka's
+ * verdict, or RD_KAFKA_RESP_ERR__QUEUE_FULL when SIGTERM arrived while the
+ * queue was full (not produced).
+ */
+static rd_kafka_resp_err_t
+send_with_backpressure(OutboxProducer *producer, int index,
+					   const OutboxMessage *msg)
+{
+	rd_kafka_resp_err_t err;
+
+	while ((err = outbox_producer_send(producer, index, msg)) ==
+		   RD_KAFKA_RESP_ERR__QUEUE_FULL)
+	{
+		(void) WaitLatchOrSocket(NULL, WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 producer->wakeup_fd[0], 100,
+								 outbox_wait_event(OUTBOX_WAIT_QUEUE_FULL));
+		outbox_producer_serve(producer);
+		absorb_barriers();
+		if (ProcDiePending)
+			break;
+	}
+	return err;
+}
+
+/*
+ * outbox_wait_for_deliveries
+ *		Wait until every message of the batch has its delivery report.
+ *
+ * librdkafka guarantees a report within message.timeout.ms
+ * (outbox.delivery_timeout).  We give up earlier only on a fatal producer
+ * error, past a safety margin, or when a reload is pending while nothing
+ * moves (e.g. new bootstrap servers while the old ones are unreachable).
+ * Returns false when the batch should be aborted.  Raises no ERROR of its
+ * own: the caller holds interrupts (see outbox_relay_batch), so the
+ * CHECK_FOR_INTERRUPTS below does not end the batch.
+ *
+ * A latch set by a committing backend while we wait is not lost: it is set
+ * again on return, so the worker goes straight to the next claim.
+ */
+bool
+outbox_wait_for_deliveries(OutboxProducer *producer)
+{
+	TimestampTz start = GetCurrentTimestamp();
+	TimestampTz last_progress = start;
+	int			last_outstanding = producer->outstanding;
+	bool		woken = false;
+	bool		complete = false;
+
+	for (;;)
+	{
+		TimestampTz now;
+		int			rc;
+
+		outbox_producer_serve(producer);
+		absorb_barriers();
+		if (producer->outstanding <= 0)
+		{
+			complete = true;
+			break;
+		}
+		if (producer->fatal || ProcDiePending)
+			break;
+		if (producer->all_brokers_down)
+			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
+
+		now = GetCurrentTimestamp();
+		if (producer->outstanding != last_outstanding)
+		{
+			last_outstanding = producer->outstanding;
+			last_progress = now;
+		}
+		if (TimestampDifferenceExceeds(start, now, outbox_delivery_timeout + 10000))
+			break;
+		if (ConfigReloadPending &&
+			TimestampDifferenceExceeds(last_progress, now, 1000))
+			break;
+
+		rc = WaitLatchOrSocket(MyLatch,
+							   WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT |
+							   WL_EXIT_ON_PM_DEATH,
+							   producer->wakeup_fd[0], 100,
+							   outbox_wait_event(OUTBOX_WAIT_DELIVERY));
+		if (rc & WL_LATCH_SET)
+		{
+			ResetLatch(MyLatch);
+			woken = true;
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	if (woken)
+		SetLatch(MyLatch);
+	return complete;
+}
+
+/*
+ * Absorb pending procsignal barriers while a batch holds interrupts (see
+ * outbox_relay_batch): DROP DATABASE of another database, among others,
+ * waits until every process has, and must not wait for Kafka.
+ */
+static void
+absorb_barriers(void)
+{
+	if (ProcSignalBarrierPending)
+		ProcessProcSignalBarrier();
+}
+
+/*
+ * Is this event a suspect (refused together with others, see mark.c)?
+ */
+static bool
+is_suspect(int64 id)
+{
+	/* called for every claimed row: the set is empty nearly always */
+	if (suspects == NULL || hash_get_num_entries(suspects) == 0)
+		return false;
+	return hash_search(suspects, &id, HASH_FIND, NULL) != NULL;
+}
+
+/*
+ * outbox_set_suspect
+ *		Make an event a suspect, or no longer one (mark.c decides).
+ *
+ * The set lives in TopMemoryContext and only ever holds events refused in a
+ * shared request that were not published or marked failed since; a restart
+ * forgets it, which costs such an event one more shared attempt that does
+ * not count.  Raises no error of its own (out of memory aside).
+ */
+void
+outbox_set_suspect(int64 id, bool suspect)
+{
+	if (suspects == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!suspect)
+			return;
+		ctl.keysize = sizeof(int64);
+		ctl.entrysize = sizeof(int64);
+		ctl.hcxt = TopMemoryContext;
+		suspects = hash_create("outbox relay suspects", 64, &ctl,
+							   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	(void) hash_search(suspects, &id, suspect ? HASH_ENTER : HASH_REMOVE, NULL);
+}
+
+/*
+ * Record a failure that happened before the row reached librdkafka.
+ */
+static void
+entry_failed(Batch *batch, BatchEntry *entry, rd_kafka_resp_err_t err,
+			 const char *text)
+{
+	entry->error = err;
+	entry->error_text = MemoryContextStrdup(batch->cxt, text);
+	batch->nblocking++;
+}
+
+static char *
+text_column(HeapTuple tuple, TupleDesc tupdesc, int col, bool *isnull)
+{
+	Datum		d = SPI_getbinval(tuple, tupdesc, col, isnull);
+
+	return *isnull ? NULL : TextDatumGetCString(d);
+}
+
+/* TimestampTz counts microseconds from 2000-01-01; Kafka wants Unix ms */
+static int64
+timestamptz_to_unix_ms(TimestampTz ts)
+{
+	return ts / 1000 +
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}

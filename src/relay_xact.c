@@ -1,0 +1,101 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_xact.c
+ *	  The frame of one relay transaction, the shape of worker_spi's: a
+ *	  statement start, a transaction, SPI, a snapshot and the activity shown
+ *	  in pg_stat_activity, then the same taken down in reverse.  The relay
+ *	  batch (batch.c) and retention (retention.c) each run in one.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "relay_xact.h"
+
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "nodes/makefuncs.h"
+#include "pgstat.h"
+#include "storage/lmgr.h"
+#include "utils/snapmgr.h"
+
+/*
+ * outbox_relay_xact_begin
+ *		Start a transaction, connect to SPI, push a snapshot and show
+ *		activity in pg_stat_activity.
+ *
+ * Returns the memory context that was current before, for
+ * outbox_relay_xact_end.  Raises ERROR if SPI_connect fails.
+ */
+MemoryContext
+outbox_relay_xact_begin(const char *activity)
+{
+	MemoryContext callercxt = CurrentMemoryContext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+	return callercxt;
+}
+
+/*
+ * outbox_relay_xact_end
+ *		Finish SPI, pop the snapshot and commit what outbox_relay_xact_begin
+ *		started; report statistics if report_stats, show the process idle,
+ *		and return to callercxt.
+ *
+ * Errors of the commit are raised as ERROR.
+ */
+void
+outbox_relay_xact_end(MemoryContext callercxt, bool report_stats)
+{
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	if (report_stats)
+		pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(callercxt);
+}
+
+/*
+ * outbox_lock_events_table
+ *		Lock outbox.events against a concurrent DROP for the rest of the
+ *		transaction and return its OID, or InvalidOid if it does not exist.
+ *
+ * RangeVarGetRelidExtended re-checks after locking, so a table dropped
+ * meanwhile is not "found".
+ */
+Oid
+outbox_lock_events_table(void)
+{
+	RangeVar   *rv = makeRangeVar(OUTBOX_SCHEMA, OUTBOX_EVENTS_TABLE, -1);
+
+	return RangeVarGetRelidExtended(rv, RowExclusiveLock, RVR_MISSING_OK,
+									NULL, NULL);
+}
+
+/*
+ * outbox_prepare_plan
+ *		The saved plan in *cache, prepared from sql on first use in this
+ *		process and kept for its lifetime.
+ *
+ * Raises ERROR if SPI_prepare fails.
+ */
+SPIPlanPtr
+outbox_prepare_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
+{
+	if (*cache == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		*cache = plan;
+	}
+	return *cache;
+}

@@ -1,0 +1,178 @@
+/*-------------------------------------------------------------------------
+ *
+ * retention.c
+ *	  Delete published events once outbox.retention has passed, in chunks,
+ *	  in a transaction of its own (outbox_relay_cleanup, called by the
+ *	  worker between batches).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "mark.h"
+#include "relay.h"
+#include "relay_xact.h"
+#include "snapshot.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/timestamp.h"
+
+/* rows deleted per retention statement, and statements per cleanup call */
+#define CLEANUP_CHUNK		10000
+#define CLEANUP_MAX_CHUNKS	10
+
+/*
+ * Retention: look at the CLEANUP_CHUNK oldest published rows (in id order,
+ * passing over pending ones) and delete those published before $1.  The
+ * array subquery runs once, so the DELETE is a primary-key lookup whatever
+ * the planner thinks of the table's size.
+ *
+ * The scan stops at $3, the highest id this relay has marked published, or
+ * at the oldest pending row if that is further: published rows lie below
+ * both, and a backlog of pending rows (an outage) above them is never read,
+ * however long it grows.  After a restart ($3 = 0) rows published behind a
+ * held-back event wait until the relay publishes again.
+ */
+static const char *const cleanup_sql =
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
+"                      WHERE published_at IS NOT NULL"
+"                        AND id <= GREATEST($3, COALESCE("
+"                              (SELECT min(p.id) FROM outbox.events p"
+"                                WHERE p.published_at IS NULL),"
+"                              9223372036854775807))"
+"                      ORDER BY id LIMIT $2) AS h"
+"    WHERE h.published_at < $1))";
+
+/*
+ * Retention of 1.4 events: the CLEANUP_CHUNK oldest events the progress
+ * snapshot shows published (below its id floor, visible in it), of which
+ * those created before $1 are deleted.
+ */
+static const char *const cleanup_v2_sql =
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT e.id, e.created_at FROM outbox.events AS e"
+"                      WHERE e.xid IS NOT NULL"
+"                        AND e.id <= (SELECT r.id_floor FROM outbox.relay_progress AS r"
+"                                      ORDER BY r.id_floor DESC LIMIT 1)"
+"                        AND pg_catalog.pg_visible_in_snapshot(e.xid,"
+"                                (SELECT r.snapshot FROM outbox.relay_progress AS r"
+"                                  ORDER BY r.id_floor DESC LIMIT 1))"
+"                      ORDER BY e.id LIMIT $2) AS h"
+"    WHERE h.created_at < $1))";
+
+/*
+ * Retention of row-tracked events in 1.4: as cleanup_sql, among the events
+ * without xid.  With outbox.relay_mode = snapshot such events are rare, and
+ * the scan stops at $3 alone: it must not walk the snapshot-tracked ones.
+ */
+static const char *const cleanup_rows_sql =
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
+"                      WHERE published_at IS NOT NULL AND xid IS NULL"
+"                        AND id <= GREATEST($3, COALESCE("
+"                              (SELECT min(p.id) FROM outbox.events p"
+"                                WHERE p.published_at IS NULL AND p.xid IS NULL),"
+"                              9223372036854775807))"
+"                      ORDER BY id LIMIT $2) AS h"
+"    WHERE h.published_at < $1))";
+
+static const char *const cleanup_rows_bounded_sql =
+"DELETE FROM outbox.events"
+" WHERE id = ANY (ARRAY("
+"   SELECT h.id FROM (SELECT id, published_at FROM outbox.events"
+"                      WHERE published_at IS NOT NULL AND xid IS NULL AND id <= $3"
+"                      ORDER BY id LIMIT $2) AS h"
+"    WHERE h.published_at < $1))";
+
+/* saved plans, prepared on first use in this worker */
+static SPIPlanPtr cleanup_plan = NULL;
+static SPIPlanPtr cleanup_v2_plan = NULL;
+static SPIPlanPtr cleanup_rows_plan = NULL;
+static SPIPlanPtr cleanup_rows_bounded_plan = NULL;
+
+/*
+ * Run one retention statement (a chunk of at most CLEANUP_CHUNK rows) until
+ * it deletes nothing or CLEANUP_MAX_CHUNKS ran; returns the rows deleted.
+ */
+static int64
+cleanup_chunks(SPIPlanPtr *cache, const char *sql, int nargs, Oid *types,
+			   Datum *args)
+{
+	int64		deleted = 0;
+	int			chunk;
+
+	for (chunk = 0; chunk < CLEANUP_MAX_CHUNKS; chunk++)
+	{
+		int			ret = SPI_execute_plan(outbox_prepare_plan(cache, sql, nargs, types),
+										   args, NULL, false, 0);
+
+		if (ret != SPI_OK_DELETE)
+			elog(ERROR, "could not delete published events: %s",
+				 SPI_result_code_string(ret));
+		deleted += SPI_processed;
+		if (SPI_processed == 0)
+			break;
+		CHECK_FOR_INTERRUPTS();
+	}
+	return deleted;
+}
+
+/*
+ * outbox_relay_cleanup
+ *		Delete events published more than outbox.retention seconds ago.
+ *
+ * Runs in its own transaction, in chunks of CLEANUP_CHUNK rows, looking only
+ * at the oldest rows of the table (published rows are the oldest), so its
+ * cost does not grow with the table.  With retention 0 acknowledged rows
+ * are deleted at once by the relay, and this deletes any published while
+ * retention was still positive (the new value can arrive with SIGHUP after
+ * a batch was marked).  Returns the number of rows deleted; 0 when retention
+ * is off (-1) or the table is missing.  SPI errors are raised as ERROR.
+ */
+int64
+outbox_relay_cleanup(void)
+{
+	int64		deleted = 0;
+	Oid			relid;
+	MemoryContext callercxt;
+
+	if (outbox_retention < 0)
+		return 0;
+
+	callercxt = outbox_relay_xact_begin("outbox relay: deleting published events");
+	relid = outbox_lock_events_table();
+	if (OidIsValid(relid))
+	{
+		Oid			types[3] = {TIMESTAMPTZOID, INT4OID, INT8OID};
+		Datum		args[3];
+		bool		v14 = outbox_snapshot_schema(relid);
+		int64		highest_published_id = outbox_highest_published_id();
+
+		args[0] = TimestampTzGetDatum(TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+																  -(int64) outbox_retention * 1000));
+		args[1] = Int32GetDatum(CLEANUP_CHUNK);
+		args[2] = Int64GetDatum(highest_published_id);
+
+		if (!v14)
+			deleted += cleanup_chunks(&cleanup_plan, cleanup_sql, 3, types, args);
+		else
+		{
+			if (outbox_snapshot_events_exist())
+				deleted += cleanup_chunks(&cleanup_v2_plan, cleanup_v2_sql, 2,
+										  types, args);
+			if (outbox_relay_mode == OUTBOX_RELAY_ROW)
+				deleted += cleanup_chunks(&cleanup_rows_plan, cleanup_rows_sql, 3,
+										  types, args);
+			else if (highest_published_id > 0)
+				deleted += cleanup_chunks(&cleanup_rows_bounded_plan,
+										  cleanup_rows_bounded_sql, 3, types, args);
+		}
+	}
+	outbox_relay_xact_end(callercxt, true);
+	return deleted;
+}
