@@ -22,8 +22,11 @@ DROP INDEX outbox.events_pending_idx;
 CREATE INDEX events_pending_idx ON outbox.events (id)
     WHERE published_at IS NULL AND xid IS NULL;
 
-/* the relay's batches find the events of late committers by transaction */
-CREATE INDEX events_xid_idx ON outbox.events (xid);
+/*
+ * The relay's batches find the events of late committers by transaction,
+ * each transaction's in id order.
+ */
+CREATE INDEX events_xid_idx ON outbox.events (xid, id);
 
 /*
  * The relay's progress through events tracked by snapshot (snapshot.c): the

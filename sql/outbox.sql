@@ -81,8 +81,11 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
 CREATE INDEX events_pending_idx ON outbox.events (id)
     WHERE published_at IS NULL AND xid IS NULL;
 
-/* the relay's batches find the events of late committers by transaction */
-CREATE INDEX events_xid_idx ON outbox.events (xid);
+/*
+ * The relay's batches find the events of late committers by transaction,
+ * each transaction's in id order.
+ */
+CREATE INDEX events_xid_idx ON outbox.events (xid, id);
 
 /*
  * Aggregates whose oldest pending event has failed at least once.  Later

@@ -10,16 +10,18 @@
  * a newer snapshot "cur" and was not visible in the progress snapshot
  * "prev".  No event row is locked or updated for that.
  *
- * Those events are found through two index scans, never from prev's xmin
- * (a transaction held open for hours would otherwise make every batch scan
- * all events written since it began):
- *	A. transactions in progress at prev (its xip list) and finished at cur:
- *	   their events are looked up by xid (events_xid_idx), ids <= prev_floor;
- *	B. every other event not visible at prev has id > prev_floor, because
- *	   emit() gives the transaction its xid before it takes an id from the
- *	   sequence, and prev_floor was read from the sequence before prev was
- *	   taken: a transaction that got its xid after prev took its ids after
- *	   prev_floor.  So B walks the primary key from prev_floor in id order.
+ * Those events are found through index scans, never from prev's xmin (a
+ * transaction held open for hours would otherwise make every batch scan all
+ * events written since it began):
+ *	A. ids up to prev_floor: the transactions prev did not show as committed
+ *	   (in its xip list, or at or above its xmax) and cur does, are listed
+ *	   through events_xid_idx (xid, id), and their events read from it;
+ *	B. ids above prev_floor: the primary key from prev_floor in id order,
+ *	   keeping what is visible at cur and was not at prev.  An event above the
+ *	   floor can only come from a transaction prev did not show: emit() gives
+ *	   the transaction its xid before it takes an id from the sequence, and
+ *	   prev_floor was read before prev was taken, so a transaction that got
+ *	   its xid after prev took its ids after prev_floor.
  * All of A is below all of B, so the batch goes out in id order, and it can
  * be cut into chunks: batch_last_id records how far a batch got.
  *
@@ -36,22 +38,41 @@
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/lsyscache.h"
+#include "utils/timestamp.h"
 
 /* nothing is visible in it: every event is newer */
 #define EMPTY_SNAPSHOT	"1:1:"
 
 #define EVENT_COLUMNS \
 "SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
-"       e.topic, e.payload, e.headers, e.created_at, 0, e.ctid" \
+"       e.topic, e.payload, e.headers, e.created_at, 0 AS attempts, e.ctid" \
 "  FROM outbox.events AS e"
 
-/* part A: events of transactions that were running at prev */
+/*
+ * Part A: events with ids up to prev's floor whose transaction prev did not
+ * show as committed: those running at prev (its xip list) and those whose
+ * xid is prev's xmax or above.  (A snapshot leaves running transactions with
+ * xids from xmax = latest completed + 1 on out of its xip list: such a
+ * transaction may have had its xid, and taken ids below the floor, before
+ * prev was taken.)  The transactions are listed first, through
+ * events_xid_idx, then each one's events are read in id order from the
+ * same index: never a scan of all events below the floor.
+ */
 static const char *const part_a_sql =
+"SELECT e.* FROM ("
+"       SELECT x FROM pg_catalog.pg_snapshot_xip($1::pg_catalog.pg_snapshot) AS x"
+"        WHERE pg_catalog.pg_visible_in_snapshot(x, $2::pg_catalog.pg_snapshot)"
+"       UNION"
+"       SELECT l.xid FROM outbox.events AS l"
+"        WHERE l.xid >= pg_catalog.pg_snapshot_xmax($1::pg_catalog.pg_snapshot)"
+"          AND l.xid < pg_catalog.pg_snapshot_xmax($2::pg_catalog.pg_snapshot)"
+"          AND l.id <= $4"
+"          AND pg_catalog.pg_visible_in_snapshot(l.xid, $2::pg_catalog.pg_snapshot)"
+"       ) AS t(xid)"
+" CROSS JOIN LATERAL ("
 EVENT_COLUMNS
-" WHERE e.xid = ANY (ARRAY("
-"         SELECT x FROM pg_catalog.pg_snapshot_xip($1::pg_catalog.pg_snapshot) AS x"
-"          WHERE pg_catalog.pg_visible_in_snapshot(x, $2::pg_catalog.pg_snapshot)))"
-"   AND e.id > $3 AND e.id <= $4"
+"        WHERE e.xid = t.xid AND e.id > $3 AND e.id <= $4"
+"        ORDER BY e.id LIMIT $5) AS e"
 " ORDER BY e.id LIMIT $5";
 
 /* part B: everything above prev's id floor, visible at cur but not at prev */
@@ -78,6 +99,7 @@ static SPIPlanPtr held_plan = NULL;
 static SPIPlanPtr held_skip_plan = NULL;
 static SPIPlanPtr demote_plan = NULL;
 static SPIPlanPtr ceiling_plan = NULL;
+static SPIPlanPtr oldest_plan = NULL;
 
 static SPIPlanPtr
 keep_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
@@ -449,4 +471,30 @@ outbox_snapshot_claim_ceiling(void)
 		elog(ERROR, "outbox: could not read outbox.relay_progress");
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	return isnull ? 0 : DatumGetInt64(d);
+}
+
+/*
+ * outbox_snapshot_oldest_created_before
+ *		True if the oldest event tracked by snapshot (lowest id) was created
+ *		before cutoff.  The retention runs its chunks only then: otherwise
+ *		each would read CLEANUP_CHUNK young events in vain, every second.
+ */
+bool
+outbox_snapshot_oldest_created_before(TimestampTz cutoff)
+{
+	Oid			types[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(cutoff)};
+	bool		isnull;
+	Datum		d;
+
+	if (SPI_execute_plan(keep_plan(&oldest_plan,
+								   "SELECT created_at < $1 FROM outbox.events"
+								   " WHERE xid IS NOT NULL ORDER BY id LIMIT 1",
+								   1, types),
+						 args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read the oldest event");
+	if (SPI_processed == 0)
+		return false;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return !isnull && DatumGetBool(d);
 }

@@ -72,6 +72,7 @@ port = $PORT
 unix_socket_directories = '$DIR'
 max_connections = 100
 max_wal_senders = 10
+max_prepared_transactions = 10
 wal_level = replica
 fsync = on
 log_line_prefix = '%m [%p] %b '

@@ -114,8 +114,8 @@ SELECT matches((SELECT indexdef FROM pg_indexes
                  WHERE schemaname = 'outbox' AND indexname = 'events_pending_idx'),
                'USING btree \(id\) WHERE \(\(published_at IS NULL\) AND \(xid IS NULL\)\)$',
                'pg_indexes shows events_pending_idx as btree (id) WHERE published_at IS NULL AND xid IS NULL');
-SELECT has_index('outbox', 'events', 'events_xid_idx', ARRAY['xid'],
-                 'index events_xid_idx is on (xid): the relay finds late committers by transaction');
+SELECT has_index('outbox', 'events', 'events_xid_idx', ARRAY['xid', 'id'],
+                 'index events_xid_idx is on (xid, id): the relay finds late committers by transaction');
 SELECT has_index('outbox', 'events', 'events_retry_idx', ARRAY['aggregate_type', 'aggregate_id', 'id'],
                  'index events_retry_idx is on (aggregate_type, aggregate_id, id)');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
