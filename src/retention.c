@@ -162,7 +162,8 @@ outbox_relay_cleanup(void)
 			deleted += cleanup_chunks(&cleanup_plan, cleanup_sql, 3, types, args);
 		else
 		{
-			if (outbox_snapshot_oldest_created_before(DatumGetTimestampTz(args[0])))
+			if (outbox_snapshot_events_exist() &&
+				outbox_snapshot_oldest_created_before(DatumGetTimestampTz(args[0])))
 				deleted += cleanup_chunks(&cleanup_v2_plan, cleanup_v2_sql, 2,
 										  types, args);
 			if (outbox_relay_mode == OUTBOX_RELAY_ROW)

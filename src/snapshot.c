@@ -478,6 +478,8 @@ outbox_snapshot_claim_ceiling(void)
  *		True if the oldest event tracked by snapshot (lowest id) was created
  *		before cutoff.  The retention runs its chunks only then: otherwise
  *		each would read CLEANUP_CHUNK young events in vain, every second.
+ *		Call it only when outbox_snapshot_events_exist(): without any, the
+ *		scan would walk every row-tracked event.
  */
 bool
 outbox_snapshot_oldest_created_before(TimestampTz cutoff)
