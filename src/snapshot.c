@@ -316,6 +316,7 @@ outbox_snapshot_adopt(void)
 	Datum		args[1] = {Int64GetDatum(local)};
 	uint64		nlocal;
 	uint64		nrows;
+	bool		isnull;
 
 	if (SPI_execute_plan(keep_plan(&count_plan,
 								   "SELECT pg_catalog.count(*) FILTER (WHERE system_identifier = $1),"
@@ -323,8 +324,8 @@ outbox_snapshot_adopt(void)
 								   1, types),
 						 args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.relay_progress");
-	nlocal = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &(bool){false}));
-	nrows = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &(bool){false}));
+	nlocal = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	nrows = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	if (nlocal == 1 && nrows == 1)
 		return;
 
