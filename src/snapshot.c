@@ -28,6 +28,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "relay_xact.h"
 #include "snapshot.h"
 
 #include "access/xlog.h"
@@ -101,22 +102,6 @@ static SPIPlanPtr demote_plan = NULL;
 static SPIPlanPtr ceiling_plan = NULL;
 static SPIPlanPtr oldest_plan = NULL;
 
-static SPIPlanPtr
-keep_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
-{
-	if (*cache == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		*cache = plan;
-	}
-	return *cache;
-}
-
 /* run a plan that returns one row of one column; NULL if SQL NULL */
 static char *
 single_value(SPIPlanPtr plan, Datum *args, bool read_only)
@@ -146,7 +131,7 @@ outbox_snapshot_schema(Oid events_relid)
 bool
 outbox_rows_due(void)
 {
-	SPIPlanPtr	plan = keep_plan(&legacy_plan,
+	SPIPlanPtr	plan = outbox_prepare_plan(&legacy_plan,
 								 "SELECT 1 FROM outbox.events"
 								 " WHERE published_at IS NULL AND xid IS NULL"
 								 "   AND failed_at IS NULL"
@@ -174,7 +159,7 @@ outbox_snapshot_begin(OutboxSnapshotBatch *sb)
 	char	   *v;
 
 	memset(sb, 0, sizeof(*sb));
-	if (SPI_execute_plan(keep_plan(&progress_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&progress_plan,
 								   "SELECT snapshot::text, id_floor, batch_snapshot::text,"
 								   "       batch_id_floor, batch_last_id FROM outbox.relay_progress",
 								   0, NULL),
@@ -192,11 +177,11 @@ outbox_snapshot_begin(OutboxSnapshotBatch *sb)
 		return;
 	}
 
-	v = single_value(keep_plan(&floor_plan,
+	v = single_value(outbox_prepare_plan(&floor_plan,
 							   "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END"
 							   "  FROM outbox.events_id_seq", 0, NULL), NULL, false);
 	sb->cur_floor = pg_strtoint64(v);
-	sb->cur = single_value(keep_plan(&current_plan,
+	sb->cur = single_value(outbox_prepare_plan(&current_plan,
 									 "SELECT pg_catalog.pg_current_snapshot()::text",
 									 0, NULL), NULL, false);
 	sb->from = 0;
@@ -228,14 +213,14 @@ outbox_snapshot_open(OutboxSnapshotBatch *sb, int limit, bool *part_b)
 		args[2] = Int64GetDatum(sb->from);
 		args[3] = Int64GetDatum(sb->prev_floor);
 		args[4] = Int32GetDatum(limit);
-		return SPI_cursor_open(NULL, keep_plan(&part_a_plan, part_a_sql, 5, types),
+		return SPI_cursor_open(NULL, outbox_prepare_plan(&part_a_plan, part_a_sql, 5, types),
 							   args, NULL, false);
 	}
 	*part_b = true;
 	types[3] = INT4OID;
 	args[2] = Int64GetDatum(Max(sb->from, sb->prev_floor));
 	args[3] = Int32GetDatum(limit);
-	return SPI_cursor_open(NULL, keep_plan(&part_b_plan, part_b_sql, 4, types),
+	return SPI_cursor_open(NULL, outbox_prepare_plan(&part_b_plan, part_b_sql, 4, types),
 						   args, NULL, false);
 }
 
@@ -260,7 +245,7 @@ outbox_snapshot_save(OutboxSnapshotBatch *sb)
 	{
 		if (strcmp(sb->cur, sb->prev) == 0 && sb->cur_floor == sb->prev_floor)
 			return;				/* nothing moved */
-		ret = SPI_execute_plan(keep_plan(&save_batch_plan,
+		ret = SPI_execute_plan(outbox_prepare_plan(&save_batch_plan,
 										 "UPDATE outbox.relay_progress SET snapshot = $1::pg_catalog.pg_snapshot,"
 										 " id_floor = $2, batch_snapshot = NULL,"
 										 " batch_id_floor = NULL, batch_last_id = NULL",
@@ -268,7 +253,7 @@ outbox_snapshot_save(OutboxSnapshotBatch *sb)
 							   args, NULL, false, 0);
 	}
 	else
-		ret = SPI_execute_plan(keep_plan(&save_chunk_plan,
+		ret = SPI_execute_plan(outbox_prepare_plan(&save_chunk_plan,
 										 "UPDATE outbox.relay_progress SET batch_snapshot = $1::pg_catalog.pg_snapshot,"
 										 " batch_id_floor = $2, batch_last_id = $3",
 										 3, types),
@@ -285,7 +270,7 @@ outbox_snapshot_save(OutboxSnapshotBatch *sb)
 bool
 outbox_snapshot_events_exist(void)
 {
-	if (SPI_execute_plan(keep_plan(&exist_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&exist_plan,
 								   "SELECT 1 FROM outbox.events WHERE xid IS NOT NULL LIMIT 1",
 								   0, NULL),
 						 NULL, NULL, true, 1) != SPI_OK_SELECT)
@@ -318,7 +303,7 @@ outbox_snapshot_adopt(void)
 	uint64		nrows;
 	bool		isnull;
 
-	if (SPI_execute_plan(keep_plan(&count_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&count_plan,
 								   "SELECT pg_catalog.count(*) FILTER (WHERE system_identifier = $1),"
 								   "       pg_catalog.count(*) FROM outbox.relay_progress",
 								   1, types),
@@ -345,7 +330,7 @@ outbox_snapshot_adopt(void)
 	}
 
 	/* events written in another cluster: track them row by row */
-	if (SPI_execute_plan(keep_plan(&convert_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&convert_plan,
 								   "UPDATE outbox.events AS e"
 								   "   SET published_at = CASE WHEN COALESCE((SELECT"
 								   "         pg_catalog.pg_visible_in_snapshot(e.xid, p.snapshot)"
@@ -363,7 +348,7 @@ outbox_snapshot_adopt(void)
 			(errmsg("outbox: %llu events written in another cluster are now tracked row by row",
 					(unsigned long long) SPI_processed),
 			 errdetail("outbox.relay_progress named another system identifier (a pg_restore or pg_upgrade): its transaction ids mean nothing here. Events its progress covered are kept as published, the others will be sent.")));
-	if (SPI_execute_plan(keep_plan(&reset_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&reset_plan,
 								   "WITH d AS (DELETE FROM outbox.relay_progress)"
 								   " INSERT INTO outbox.relay_progress (system_identifier) VALUES ($1)",
 								   1, types),
@@ -385,7 +370,7 @@ outbox_snapshot_held(void)
 	HASHCTL		ctl;
 	uint64		i;
 
-	if (SPI_execute_plan(keep_plan(outbox_on_failed_event == OUTBOX_ON_FAILED_SKIP ?
+	if (SPI_execute_plan(outbox_prepare_plan(outbox_on_failed_event == OUTBOX_ON_FAILED_SKIP ?
 								   &held_skip_plan : &held_plan,
 								   outbox_on_failed_event == OUTBOX_ON_FAILED_SKIP ?
 								   "SELECT DISTINCT aggregate_type, aggregate_id FROM outbox.events"
@@ -430,7 +415,7 @@ outbox_snapshot_demote(Datum *ids, int n)
 		return;
 	args[0] = PointerGetDatum(construct_array(ids, n, INT8OID, sizeof(int64),
 											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	if (SPI_execute_plan(keep_plan(&demote_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&demote_plan,
 								   "UPDATE outbox.events SET xid = NULL WHERE id = ANY ($1)",
 								   1, types),
 						 args, NULL, false, 0) != SPI_OK_UPDATE ||
@@ -465,7 +450,7 @@ outbox_snapshot_claim_ceiling(void)
 
 	if (!outbox_snapshot_events_exist())
 		return PG_INT64_MAX;
-	if (SPI_execute_plan(keep_plan(&ceiling_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&ceiling_plan,
 								   "SELECT max(id_floor) FROM outbox.relay_progress",
 								   0, NULL),
 						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
@@ -490,7 +475,7 @@ outbox_snapshot_oldest_created_before(TimestampTz cutoff)
 	bool		isnull;
 	Datum		d;
 
-	if (SPI_execute_plan(keep_plan(&oldest_plan,
+	if (SPI_execute_plan(outbox_prepare_plan(&oldest_plan,
 								   "SELECT created_at < $1 FROM outbox.events"
 								   " WHERE xid IS NOT NULL ORDER BY id LIMIT 1",
 								   1, types),
