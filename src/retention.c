@@ -92,6 +92,7 @@ static const char *const cleanup_rows_bounded_sql =
 /* saved plans, prepared on first use in this worker */
 static SPIPlanPtr cleanup_plan = NULL;
 static SPIPlanPtr cleanup_v2_plan = NULL;
+static SPIPlanPtr oldest_row_plan = NULL;
 static SPIPlanPtr cleanup_rows_plan = NULL;
 static SPIPlanPtr cleanup_rows_bounded_plan = NULL;
 
@@ -120,6 +121,36 @@ cleanup_chunks(SPIPlanPtr *cache, const char *sql, int nargs, Oid *types,
 		CHECK_FOR_INTERRUPTS();
 	}
 	return deleted;
+}
+
+/*
+ * With outbox.relay_mode = snapshot: is the oldest (lowest id) row-tracked
+ * published event below $3 due?  Only then does the retention read a chunk
+ * of them; otherwise each second it would read CLEANUP_CHUNK young rows in
+ * vain, which in snapshot mode is most of what the relay reads while a
+ * minute of row-tracked events is kept (after a switch from row mode).  A
+ * late-published event with an old id can delay the others' deletion until
+ * it is due itself: retention is a minimum age.
+ */
+static bool
+oldest_row_tracked_due(Datum *args)
+{
+	Oid			types[2] = {TIMESTAMPTZOID, INT8OID};
+	Datum		probe_args[2] = {args[0], args[2]};
+	bool		isnull;
+	Datum		d;
+
+	if (SPI_execute_plan(outbox_prepare_plan(&oldest_row_plan,
+											 "SELECT published_at < $1 FROM outbox.events"
+											 " WHERE published_at IS NOT NULL AND xid IS NULL"
+											 "   AND id <= $2 ORDER BY id LIMIT 1",
+											 2, types),
+						 probe_args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the oldest published event");
+	if (SPI_processed == 0)
+		return false;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return !isnull && DatumGetBool(d);
 }
 
 /*
@@ -169,7 +200,7 @@ outbox_relay_cleanup(void)
 			if (outbox_relay_mode == OUTBOX_RELAY_ROW)
 				deleted += cleanup_chunks(&cleanup_rows_plan, cleanup_rows_sql, 3,
 										  types, args);
-			else if (highest_published_id > 0)
+			else if (highest_published_id > 0 && oldest_row_tracked_due(args))
 				deleted += cleanup_chunks(&cleanup_rows_bounded_plan,
 										  cleanup_rows_bounded_sql, 3, types, args);
 		}

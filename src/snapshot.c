@@ -57,7 +57,10 @@
  * transaction may have had its xid, and taken ids below the floor, before
  * prev was taken.)  The transactions are listed first, through
  * events_xid_idx, then each one's events are read in id order from the
- * same index: never a scan of all events below the floor.
+ * same index: never a scan of all events below the floor.  The listing has
+ * no condition on id on purpose: with one ("id <= floor"), a table without
+ * statistics yet (just created, not analyzed) got a plan that walked the
+ * primary key below the floor in every batch.
  */
 static const char *const part_a_sql =
 "SELECT e.* FROM ("
@@ -67,7 +70,6 @@ static const char *const part_a_sql =
 "       SELECT l.xid FROM outbox.events AS l"
 "        WHERE l.xid >= pg_catalog.pg_snapshot_xmax($1::pg_catalog.pg_snapshot)"
 "          AND l.xid < pg_catalog.pg_snapshot_xmax($2::pg_catalog.pg_snapshot)"
-"          AND l.id <= $4"
 "          AND pg_catalog.pg_visible_in_snapshot(l.xid, $2::pg_catalog.pg_snapshot)"
 "       ) AS t(xid)"
 " CROSS JOIN LATERAL ("
@@ -461,11 +463,14 @@ outbox_snapshot_claim_ceiling(void)
 
 /*
  * outbox_snapshot_oldest_created_before
- *		True if the oldest event tracked by snapshot (lowest id) was created
- *		before cutoff.  The retention runs its chunks only then: otherwise
- *		each would read CLEANUP_CHUNK young events in vain, every second.
- *		Call it only when outbox_snapshot_events_exist(): without any, the
- *		scan would walk every row-tracked event.
+ *		True if the event of the oldest transaction tracked by snapshot was
+ *		created before cutoff.  The retention runs its chunks only then:
+ *		otherwise each would read CLEANUP_CHUNK young events in vain, every
+ *		second.  The probe reads events_xid_idx, one entry: "oldest by id"
+ *		would walk the primary key past every row-tracked event kept below
+ *		(after a switch from row mode, a minute's worth), every second.  An
+ *		old transaction's young event can delay the retention of the others
+ *		until it is due itself; retention is a minimum age, never a maximum.
  */
 bool
 outbox_snapshot_oldest_created_before(TimestampTz cutoff)
@@ -477,7 +482,7 @@ outbox_snapshot_oldest_created_before(TimestampTz cutoff)
 
 	if (SPI_execute_plan(outbox_prepare_plan(&oldest_plan,
 								   "SELECT created_at < $1 FROM outbox.events"
-								   " WHERE xid IS NOT NULL ORDER BY id LIMIT 1",
+								   " WHERE xid IS NOT NULL ORDER BY xid, id LIMIT 1",
 								   1, types),
 						 args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read the oldest event");
