@@ -28,6 +28,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/uuid.h"
@@ -321,7 +322,10 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 		/*
 		 * The transaction gets its xid before the event takes its id from
 		 * the sequence: the relay's batches rely on that order (snapshot.c).
+		 * A read-only transaction (a hot standby's too) must get the INSERT's
+		 * own error (25006), not the xid assignment's internal one.
 		 */
+		PreventCommandIfReadOnly("INSERT");
 		values[6] = FullTransactionIdGetDatum(GetTopFullTransactionId());
 		nulls[6] = ' ';
 		ret = SPI_execute_plan(prepare_insert(&insert_xid_plan, true),

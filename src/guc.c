@@ -61,7 +61,7 @@ int			outbox_delivery_timeout = 30000;
 int			outbox_retry_backoff_max = 30000;
 int			outbox_max_attempts = 10;
 int			outbox_on_failed_event = OUTBOX_ON_FAILED_HOLD;
-int			outbox_relay_mode = OUTBOX_RELAY_ROW;
+int			outbox_relay_mode = OUTBOX_RELAY_SNAPSHOT;
 char	   *outbox_allowed_topics = NULL;
 char	   *outbox_role = NULL;
 
@@ -211,7 +211,7 @@ outbox_define_gucs(void)
 							 "How new events are tracked until Kafka acknowledged them.",
 							 "row: each event is locked by the relay and updated once published (1.3); snapshot: the relay keeps one progress record, the commit snapshot up to which everything is published, and never writes an event row on the way (schema 1.4).",
 							 &outbox_relay_mode,
-							 OUTBOX_RELAY_ROW,
+							 OUTBOX_RELAY_SNAPSHOT,
 							 relay_mode_options,
 							 PGC_SIGHUP,
 							 0,

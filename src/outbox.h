@@ -31,6 +31,7 @@
 /* Schema and table; the install script creates them, the worker reads them */
 #define OUTBOX_SCHEMA			"outbox"
 #define OUTBOX_EVENTS_TABLE		"events"
+#define OUTBOX_EXTENSION_NAME	"outbox"
 
 /* Kafka's limit on topic names (see Kafka's Topic.validate) */
 #define OUTBOX_TOPIC_MAX_LEN	249

@@ -13,6 +13,8 @@
 
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
+#include "commands/extension.h"
 #include "nodes/makefuncs.h"
 #include "pgstat.h"
 #include "storage/lmgr.h"
@@ -62,9 +64,14 @@ outbox_relay_xact_end(MemoryContext callercxt, bool report_stats)
 
 /*
  * outbox_lock_events_table
- *		Lock outbox.events against a concurrent DROP for the rest of the
- *		transaction and return its OID, or InvalidOid if it does not exist.
+ *		Lock the extension and outbox.events against a concurrent DROP for
+ *		the rest of the transaction and return the table's OID, or
+ *		InvalidOid if it does not exist.
  *
+ * The extension is locked first: DROP EXTENSION locks it before any of its
+ * objects, so a relay batch and a DROP then queue on that one lock instead
+ * of each taking a member (the table, the id sequence, relay_progress) the
+ * other waits for, a deadlock that cost the DROP its transaction.
  * RangeVarGetRelidExtended re-checks after locking, so a table dropped
  * meanwhile is not "found".
  */
@@ -72,7 +79,10 @@ Oid
 outbox_lock_events_table(void)
 {
 	RangeVar   *rv = makeRangeVar(OUTBOX_SCHEMA, OUTBOX_EVENTS_TABLE, -1);
+	Oid			extension = get_extension_oid(OUTBOX_EXTENSION_NAME, true);
 
+	if (OidIsValid(extension))
+		LockDatabaseObject(ExtensionRelationId, extension, 0, AccessShareLock);
 	return RangeVarGetRelidExtended(rv, RowExclusiveLock, RVR_MISSING_OK,
 									NULL, NULL);
 }

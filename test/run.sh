@@ -13,7 +13,11 @@
 #   OUTBOX_PG_MAJORS       "15 16 17 18"  the majors to run, in this order
 #   OUTBOX_PG_FULL_MAJORS  "15 18"        majors that run the whole integration suite; the others
 #                                         run the core subset (CORE_TESTS below)
+#   OUTBOX_PG_ROW_MAJORS   "16"           majors whose cluster runs outbox.relay_mode = row (the 1.3
+#                                         relay) instead of the default snapshot, so both modes keep
+#                                         running the same tests
 #   OUTBOX_PG_MAJOR        (unset)        shorthand for OUTBOX_PG_MAJORS=N OUTBOX_PG_FULL_MAJORS=N
+#                                         OUTBOX_PG_ROW_MAJORS= (unless set)
 #
 # 15 is Debian's; 16, 17 and 18 are fetched once by test/env/pgmajor.sh.  Each major builds and
 # installs the extension into its own tree and gets a fresh Kafka and Postgres on the ports and
@@ -35,9 +39,11 @@ export PGHOST=127.0.0.1 PGPORT="$OUTBOX_PG_PORT" PGUSER=postgres PGDATABASE="$OU
 if [[ -n "${OUTBOX_PG_MAJOR:-}" ]]; then
     MAJORS=("$OUTBOX_PG_MAJOR")
     FULL_MAJORS=("$OUTBOX_PG_MAJOR")
+    read -r -a ROW_MAJORS <<<"${OUTBOX_PG_ROW_MAJORS:-}"
 else
     read -r -a MAJORS <<<"${OUTBOX_PG_MAJORS:-15 16 17 18}"
     read -r -a FULL_MAJORS <<<"${OUTBOX_PG_FULL_MAJORS:-15 18}"
+    read -r -a ROW_MAJORS <<<"${OUTBOX_PG_ROW_MAJORS-16}"
 fi
 
 # The core subset for the majors that do not run everything: delivery and rollbacks, settings at
@@ -168,6 +174,11 @@ run_major() {
     export PATH="$bindir:$PATH"
     mkdir -p "test/out/pg$major"
     say "PostgreSQL $major: $(pg_config --version) from $bindir"
+    if in_list "$major" "${ROW_MAJORS[@]}"; then
+        # pg.sh appends these lines to the new cluster's postgresql.conf
+        export OUTBOX_PG_CONF="${OUTBOX_PG_CONF:+$OUTBOX_PG_CONF$'\n'}outbox.relay_mode = row"
+        say "PostgreSQL $major runs outbox.relay_mode = row"
+    fi
     if want build; then
         run_stage "$major" build build "$major"
         [[ " ${FAILED[*]} " == *" pg$major:build "* ]] && return 0

@@ -548,7 +548,7 @@ def event_rows(conn, aggregate_type: str) -> Dict[str, dict]:
         cur.execute("""
             SELECT event_id::text, id, aggregate_id, event_type, topic, payload, headers,
                    floor(extract(epoch FROM created_at) * 1000)::bigint AS created_ms,
-                   published_at, attempts, last_error
+                   published_at, outbox.published(events) AS published, attempts, last_error
               FROM outbox.events WHERE aggregate_type = %s ORDER BY id""", (aggregate_type,))
         cols = [d[0] for d in cur.description]
         return {r[0]: dict(zip(cols, r)) for r in cur.fetchall()}

@@ -482,7 +482,7 @@ def unpublished_upto(env: Env, aggregate_type: str, max_id: int) -> int:
     conn = pg_connect(env)
     try:
         return query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                               " AND id <= %s AND published_at IS NULL",
+                               " AND id <= %s AND NOT outbox.published(events)",
                          (aggregate_type, max_id))[0]
     finally:
         conn.close()

@@ -331,7 +331,7 @@ def max_latency(msgs: List[Received], committed_at: Dict[str, float]) -> float:
 def row_summary(conn, agg_type: str) -> dict:
     """Counts over the rows of one aggregate type still in outbox.events."""
     r = query_one(conn, """
-        SELECT count(*), count(*) FILTER (WHERE published_at IS NULL),
+        SELECT count(*), count(*) FILTER (WHERE NOT outbox.published(events)),
                count(*) FILTER (WHERE failed_at IS NOT NULL),
                coalesce(sum(permanent_failures), 0), coalesce(max(attempts), 0),
                count(*) FILTER (WHERE attempts > 0)

@@ -95,17 +95,17 @@ def wait_new_connection(env: Env, timeout: float = 60):
 
 def pending_count(conn, agg_type: str) -> int:
     return query_one(conn, "SELECT count(*) FROM outbox.events"
-                           " WHERE aggregate_type = %s AND published_at IS NULL", (agg_type,))[0]
+                           " WHERE aggregate_type = %s AND NOT outbox.published(events)", (agg_type,))[0]
 
 
 def published_ids(conn, agg_type: str) -> List[int]:
     return [r[0] for r in query(conn, "SELECT id FROM outbox.events WHERE aggregate_type = %s"
-                                      " AND published_at IS NOT NULL ORDER BY id", (agg_type,))]
+                                      " AND outbox.published(events) ORDER BY id", (agg_type,))]
 
 
 def wait_all_published(conn, agg_type: str, n: int, timeout: float = 60):
     wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                       " AND published_at IS NOT NULL", (agg_type,))[0] == n,
+                                       " AND outbox.published(events)", (agg_type,))[0] == n,
                timeout, f"{n} published rows of {agg_type}")
 
 

@@ -44,7 +44,7 @@ def test_tombstone_and_event_fields(env, conn, prefix, reader_factory):
 
     def published():
         r = event_rows(conn, agg_type)
-        return all(x["published_at"] is not None for x in r.values()) and r
+        return all(x["published"] for x in r.values()) and r
     rows = wait_until(published, 10, "published_at to be set")
     assert all(x["attempts"] == 0 and x["last_error"] is None for x in rows.values()), rows
 

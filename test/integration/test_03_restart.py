@@ -53,7 +53,7 @@ def test_restart_then_emit(env, prefix, reader_factory):
     probs = order_problems(msgs, expected)
     assert not probs, "per-aggregate order broken:\n  " + "\n  ".join(probs[:10])
 
-    rows = wait_until(lambda: (lambda r: all(x["published_at"] for x in r.values()) and r)(
+    rows = wait_until(lambda: (lambda r: all(x["published"] for x in r.values()) and r)(
         event_rows(conn, agg_type)), 30, "published_at on every row")
     assert set(rows) == set(expected)
     conn.close()

@@ -76,7 +76,7 @@ def _broker_down_at_start(env, prefix, reader_factory, outage):
 
         time.sleep(3)
         unpublished = query_one(conn, "SELECT count(*) FROM outbox.events"
-                                      " WHERE aggregate_type = %s AND published_at IS NULL",
+                                      " WHERE aggregate_type = %s AND NOT outbox.published(events)",
                                 (agg_type,))[0]
         assert unpublished == n, f"{n - unpublished} events were marked published while Kafka is down"
         st = relay_status(conn)[0]
@@ -124,7 +124,7 @@ def _broker_down_at_start(env, prefix, reader_factory, outage):
 
     conn = pg_connect(env)
     try:
-        rows = wait_until(lambda: (lambda r: all(x["published_at"] for x in r.values()) and r)(
+        rows = wait_until(lambda: (lambda r: all(x["published"] for x in r.values()) and r)(
             event_rows(conn, agg_type)), 30, "published_at on every row")
         assert set(rows) == set(expected)
         if outage == "long":

@@ -36,11 +36,11 @@ def test_undeliverable_event_holds_back_only_its_aggregate(env, conn, prefix, re
         assert counts == {a: 1, b: 1}, f"duplicates: {dict(counts)}"
         rows = event_rows(conn, agg_type)
         p = rows[poison]
-        assert p["published_at"] is None and p["attempts"] >= 1, p
+        assert not p["published"] and p["attempts"] >= 1, p
         assert p["last_error"] and "MSG_SIZE_TOO_LARGE" in p["last_error"], p["last_error"]
-        assert rows[held]["published_at"] is None, "an event overtook the failed one of its aggregate"
+        assert not rows[held]["published"], "an event overtook the failed one of its aggregate"
         assert rows[held]["attempts"] == 0
-        assert rows[a]["published_at"] is not None and rows[b]["published_at"] is not None
+        assert rows[a]["published"] and rows[b]["published"]
         after = relay_status(conn)[0]
         assert delivery_errors(after) > delivery_errors(before), after
         assert after["last_error"] and "MSG_SIZE_TOO_LARGE" in after["last_error"], after
@@ -53,6 +53,6 @@ def test_undeliverable_event_holds_back_only_its_aggregate(env, conn, prefix, re
     counts = collections.Counter(m.event_id for m in msgs)
     assert set(counts) == {a, b, held}, dict(counts)
     assert counts[held] == 1
-    assert wait_until(lambda: event_rows(conn, agg_type)[held]["published_at"], 10,
+    assert wait_until(lambda: event_rows(conn, agg_type)[held]["published"], 10,
                       "the held-back event to be marked published")
 

@@ -34,7 +34,7 @@ def state(conn):
 
 def pending(conn, agg_type):
     return query_one(conn, "SELECT count(*) FROM outbox.events"
-                           " WHERE aggregate_type = %s AND published_at IS NULL", (agg_type,))[0]
+                           " WHERE aggregate_type = %s AND NOT outbox.published(events)", (agg_type,))[0]
 
 
 def deliver_all(reader, emitted, timeout=60):
@@ -266,14 +266,14 @@ def test_first_event_to_an_auto_created_topic_is_no_failed_attempt(env, conn):
         time.sleep(1)
         event_id = query_one(conn, "SELECT outbox.emit(%s, 'a1', 'created', '{}', NULL, %s)",
                              (agg_type, topic))[0]
-        row = wait_until(lambda: (lambda r: r if r[0] is not None or r[2] is not None else None)(
-            query_one(conn, "SELECT published_at, attempts, failed_at, last_error FROM outbox.events"
+        row = wait_until(lambda: (lambda r: r if r[0] or r[2] is not None else None)(
+            query_one(conn, "SELECT outbox.published(events), attempts, failed_at, last_error FROM outbox.events"
                             " WHERE event_id = %s", (event_id,))), 30, "the event to be published")
-        assert row[0] is not None and row[1] == 0 and row[2] is None, \
-            f"first event to a new topic: published_at {row[0]}, attempts {row[1]}, failed_at {row[2]}, {row[3]!r}"
+        assert row[0] and row[1] == 0 and row[2] is None, \
+            f"first event to a new topic: published {row[0]}, attempts {row[1]}, failed_at {row[2]}, {row[3]!r}"
     finally:
         set_conf(conn, max_attempts=None)
-        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)",
               (agg_type,))
 
 

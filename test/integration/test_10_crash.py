@@ -163,7 +163,7 @@ def test_crash_under_load(env, prefix):
     conn = pg_connect(env)
     try:
         wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                           " AND published_at IS NULL", (agg_type,))[0] == 0,
+                                           " AND NOT outbox.published(events)", (agg_type,))[0] == 0,
                    30, "every event of the test to be marked published")
         st = relay_status(conn)[0]
         assert st["state"] in ("idle", "publishing"), st

@@ -229,7 +229,7 @@ def test_fast_shutdown_with_broker_down_and_with_backlog(env, prefix):
         t_start = time.monotonic()
         conn = pg_connect(env)
         pending_after = query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                        " AND published_at IS NULL", (agg_type,))[0]
+                                        " AND NOT outbox.published(events)", (agg_type,))[0]
         conn.close()
 
         expected = dict(down)
@@ -382,7 +382,7 @@ def test_broker_lost_in_the_middle_of_a_batch(env, prefix):
         # the rest of the batch times out after outbox.delivery_timeout; give it 3 times that
         time.sleep(3 * MID_BATCH_TIMEOUT_MS / 1000 + 3)
         st = relay_status(conn)[0]
-        published, tried = query_one(conn, "SELECT count(published_at), count(*) FILTER (WHERE attempts > 0)"
+        published, tried = query_one(conn, "SELECT count(*) FILTER (WHERE outbox.published(events)), count(*) FILTER (WHERE attempts > 0)"
                                            " FROM outbox.events WHERE aggregate_type = %s", (agg_type,))
         wall_up = time.time()
         log_marker(env, START_MARKER)
@@ -472,7 +472,7 @@ def test_stop_while_a_batch_waits_keeps_what_kafka_acknowledged(env, prefix):
         broker = None
         pg_sh(env, "start")
         conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
-        marked = query_one(conn, "SELECT count(published_at) FROM outbox.events WHERE aggregate_type = %s",
+        marked = query_one(conn, "SELECT count(*) FILTER (WHERE outbox.published(events)) FROM outbox.events WHERE aggregate_type = %s",
                            (agg_type,))[0]
         time.sleep(2)           # the frozen broker's socket buffers are processed now
         in_kafka = sum(marks.high().values())
@@ -535,13 +535,13 @@ def test_failed_batch_drains_promptly_when_kafka_returns(env, prefix):
         t_back = time.monotonic()
         try:
             wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                               " AND published_at IS NULL", (agg_type,))[0] == 0,
+                                               " AND NOT outbox.published(events)", (agg_type,))[0] == 0,
                        FAILED_DRAIN_LIMIT_S, "the failed batch to drain", interval=0.2)
             drained_s = time.monotonic() - t_back
         except AssertionError:
             pass
         left = query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                               " AND published_at IS NULL", (agg_type,))[0]
+                               " AND NOT outbox.published(events)", (agg_type,))[0]
     finally:
         set_conf(conn, delivery_timeout=None)
         if kafka_stopped:

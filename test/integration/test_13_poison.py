@@ -36,7 +36,8 @@ FAILED_RE = re.compile(r"outbox relay marked (\d+) event\(s\) failed: Kafka refu
 def event_state(conn, event_ids):
     with conn.cursor() as cur:
         cur.execute("""SELECT event_id::text, attempts, permanent_failures, last_error,
-                              next_attempt_at, failed_at, published_at, clock_timestamp()
+                              next_attempt_at, failed_at, published_at,
+                              outbox.published(events) AS published, clock_timestamp()
                          FROM outbox.events WHERE event_id = ANY(%s::uuid[])""", (list(event_ids),))
         cols = [d[0] for d in cur.description]
         return {r[0]: dict(zip(cols, r)) for r in cur.fetchall()}
@@ -149,7 +150,7 @@ def payload_poison_flow(env, conn, prefix, reader_factory, tag, poisons, later=2
         for eid, r in rows.items():
             assert r["attempts"] == MAX_ATTEMPTS and r["permanent_failures"] == MAX_ATTEMPTS, (eid, r)
             assert "MSG_SIZE_TOO_LARGE" in (r["last_error"] or ""), (eid, r["last_error"])
-            assert r["next_attempt_at"] is not None and r["published_at"] is None, (eid, r)
+            assert r["next_attempt_at"] is not None and not r["published"], (eid, r)
             # the permanent failures were counted one attempt at a time
             pfs = [st[1] for st in seen[eid]]
             assert pfs == sorted(pfs) and pfs[-1] == MAX_ATTEMPTS, seen[eid]
@@ -159,7 +160,7 @@ def payload_poison_flow(env, conn, prefix, reader_factory, tag, poisons, later=2
         pump(reader, 2.5)
         hrows = event_state(conn, held)
         overtook = sorted(f"{held[e][0]} seq {held[e][1]}" for e, r in hrows.items()
-                          if r["published_at"] is not None)
+                          if r["published"])
         overtaken_warnings = [ln for ln in watcher.new_lines() if "were acknowledged after an earlier event" in ln]
         assert not overtook, (f"later events overtook a failed event of their aggregate (on_failed_event ="
                               f" hold): {overtook}; relay log: {overtaken_warnings}")
@@ -203,7 +204,7 @@ def payload_poison_flow(env, conn, prefix, reader_factory, tag, poisons, later=2
         conn.autocommit = True
         set_conf(conn, max_attempts=None, retry_backoff_max=None)
         if not requeued_ok:
-            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)",
                   (agg_type,))
 
     try:
@@ -219,7 +220,7 @@ def payload_poison_flow(env, conn, prefix, reader_factory, tag, poisons, later=2
         assert flow_rows == 0, f"{flow_rows} events of healthy aggregates had failed attempts"
         assert after["failed_events"] <= before["failed_events"], (before, after)
     finally:
-        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL", (agg_type,))
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)", (agg_type,))
     return fig
 
 
@@ -288,7 +289,7 @@ def test_skip_lets_later_events_pass_a_failed_one(env, conn, prefix, reader_fact
         assert status(conn)["failed"] - before["failed"] == 1
     finally:
         set_conf(conn, max_attempts=None, on_failed_event=None)
-        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL", (agg_type,))
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)", (agg_type,))
 
 
 def create_limited_topic(env, name: str, config: dict):
@@ -363,7 +364,7 @@ def test_a_shared_refusal_counts_only_against_its_cause(env, conn, prefix, reade
         conn.autocommit = True
         query(conn, "SELECT outbox.resume()")
         set_conf(conn, max_attempts=None, retry_backoff_max=None)
-        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)",
               (agg_type,))
 
 
@@ -425,7 +426,7 @@ def topic_refused(env, conn, prefix, error, name, extra_properties=""):
             res["flow"] = check_delivery(flow, stream.emitted)
         finally:
             reader.close()
-            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)",
                   (agg_type,))
     return res
 
@@ -457,7 +458,7 @@ def assert_topic_refusal_dead_letters(res, error, name):
     assert not res["problems"], res["problems"]
     assert first["permanent_failures"] == MAX_ATTEMPTS and first["attempts"] >= MAX_ATTEMPTS, first
     held = res["held"]
-    assert all(r["published_at"] is None for r in held.values()), f"{name}: overtaken: {held}"
+    assert all(not r["published"] for r in held.values()), f"{name}: overtaken: {held}"
     st, before = res["status"], res["before"]
     # (the counters are server-wide: other aggregates' dead letters may add to them)
     assert st["failed"] - before["failed"] >= 1 and st["failed_events"] - before["failed_events"] >= 1, (before, st)
@@ -518,7 +519,7 @@ def test_outage_longer_than_delivery_timeout_never_dead_letters(env, conn, prefi
             after = status(conn)
         finally:
             reader.close()
-            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)",
                   (agg_type,))
     report(f"OUTBOX POISON outage: all mock brokers down {outage:.1f}s with delivery_timeout 2s,"
            f" max_attempts 1: {tried['rows_retried']} events had failed attempts (max {summary['max_attempts']}),"

@@ -48,7 +48,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         msgs = unique_messages(reader.read_until(len(published), timeout=30, extra=0))
         count_check(id_counts(msgs), [e for e, _, _ in published], "events published on the primary")
         wait_until(lambda: query_one(pc, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                         " AND published_at IS NOT NULL", (agg_type,))[0] == len(published),
+                                         " AND outbox.published(events)", (agg_type,))[0] == len(published),
                    20, "published_at on the primary")
 
         # the standby: a base backup with streaming replication settings (-R)
@@ -79,8 +79,8 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         pending_ids = [e for e, _, _ in pending]
 
         def standby_rows():
-            return query_one(sc, "SELECT count(*) FILTER (WHERE published_at IS NULL),"
-                                 " count(*) FILTER (WHERE published_at IS NOT NULL)"
+            return query_one(sc, "SELECT count(*) FILTER (WHERE NOT outbox.published(events)),"
+                                 " count(*) FILTER (WHERE outbox.published(events))"
                                  " FROM outbox.events WHERE aggregate_type = %s", (agg_type,))
         wait_until(lambda: standby_rows() == (len(pending), len(published)), 30,
                    "the pending events to replicate to the standby")
@@ -112,7 +112,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         assert not probs, "per-aggregate order broken:\n  " + "\n  ".join(probs[:10])
         last_s = max(m.recv_time for m in msgs if m.event_id in set(pending_ids)) - t0
         wait_until(lambda: query_one(sc, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                         " AND published_at IS NULL", (agg_type,))[0] == 0,
+                                         " AND NOT outbox.published(events)", (agg_type,))[0] == 0,
                    20, "the promoted relay to mark the events published")
         st = relay_status(sc)[0]
         assert st["published"] == len(pending), st

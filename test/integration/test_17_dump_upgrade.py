@@ -62,7 +62,7 @@ def test_dump_restore_keeps_pending_events(env, conn, prefix, reader_factory):
         count_check(id_counts(reader.read_until(len(published), timeout=30, extra=0)),
                     [e for e, _, _ in published], "events published before the dump")
         wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                           " AND published_at IS NULL", (agg_type,))[0] == 0,
+                                           " AND NOT outbox.published(events)", (agg_type,))[0] == 0,
                    20, "published_at on the source")
         try:
             set_system(conn, "outbox.bootstrap_servers", "")
@@ -72,7 +72,7 @@ def test_dump_restore_keeps_pending_events(env, conn, prefix, reader_factory):
             conn.autocommit = True
             pending = [(e, a, s + 4) for e, a, s in pending]
             source = {r[0]: r[1:] for r in query(
-                conn, "SELECT event_id::text, id, published_at IS NOT NULL FROM outbox.events"
+                conn, "SELECT event_id::text, id, outbox.published(events) FROM outbox.events"
                       " WHERE aggregate_type = %s", (agg_type,))}
             source_seq = query_one(conn, "SELECT last_value FROM outbox.events_id_seq")[0]
             dump_dir.mkdir(exist_ok=True)
@@ -84,7 +84,7 @@ def test_dump_restore_keeps_pending_events(env, conn, prefix, reader_factory):
             assert d.returncode == 0, f"pg_dump failed ({d.returncode}):\n{d.stderr}"
         finally:
             # the pending events now belong to the restored copy: the source must not send them too
-            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND published_at IS NULL",
+            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)",
                   (agg_type,))
             set_system(conn, "outbox.bootstrap_servers", None)
         toc = pg_tool("pg_restore", "-l", str(dump_file)).stdout
@@ -121,7 +121,7 @@ def test_dump_restore_keeps_pending_events(env, conn, prefix, reader_factory):
         probs = order_problems(unique_messages(raw), expected)
         assert not probs, "per-aggregate order broken:\n  " + "\n  ".join(probs[:10])
         wait_until(lambda: query_one(tconn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                            " AND published_at IS NULL", (agg_type,))[0] == 0,
+                                            " AND NOT outbox.published(events)", (agg_type,))[0] == 0,
                    20, "the restored events marked published")
         st = relay_status(tconn)[0]
         assert st["database"] == RESTORE_DB and st["published"] >= len(pending) + len(more), st
@@ -379,7 +379,7 @@ def test_update_while_the_relay_runs(env, reader_factory):
         st = relay_status(c)[0]
         assert st["pid"] == pid and relay_pids(c) == [pid], f"worker {pid} replaced: {st}"
         assert st["state"] in ("idle", "publishing") and delivery_errors(st) == 0, st
-        wait_until(lambda: query_one(c, "SELECT count(*) FROM outbox.events WHERE published_at IS NULL")[0] == 0,
+        wait_until(lambda: query_one(c, "SELECT count(*) FROM outbox.events WHERE NOT outbox.published(events)")[0] == 0,
                    20, "every event marked published")
         assert query_one(c, "SELECT count(*) FROM outbox.events WHERE failed_at IS NOT NULL"
                             " OR permanent_failures <> 0")[0] == 0

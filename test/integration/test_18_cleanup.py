@@ -86,7 +86,7 @@ def one_run(env, conn, agg_type, topic, run, in_kafka_before, retention_s):
     out["after emitting"] = table_sizes(conn)
 
     def pending():
-        return query_one(conn, "SELECT count(*) FROM outbox.events WHERE published_at IS NULL"
+        return query_one(conn, "SELECT count(*) FROM outbox.events WHERE NOT outbox.published(events)"
                                " AND id BETWEEN %s AND %s", (first_id, last_id))[0]
     wait_until(lambda: pending() == 0, 300, f"run {run}: the relay to drain {N_EVENTS} events", interval=0.5)
     drained = time.monotonic()
@@ -215,7 +215,7 @@ def test_long_snapshot_causes_no_resend(env, conn, prefix, reader_factory):
     probs = order_violations(raw, expected)
     assert not probs, "per-aggregate order broken:\n  " + "\n  ".join(probs[:10])
     wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s"
-                                       " AND published_at IS NULL", (agg_type,))[0] == 0, 30,
+                                       " AND NOT outbox.published(events)", (agg_type,))[0] == 0, 30,
                "every event marked published")
     assert delivery_errors(relay_status(conn)[0]) == errors_before
     report(f"OUTBOX CLEANUP snapshot: a REPEATABLE READ transaction held its snapshot for {elapsed:.1f}s"

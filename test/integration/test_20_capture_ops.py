@@ -209,7 +209,7 @@ def test_pause_survives_restart_and_resume_publishes_in_order(env, prefix, reade
         st = wait_state(conn, "paused", 30, "state paused after outbox.pause()")
         pid1 = st["pid"]
         pub0 = published_ids(conn, agg)
-        rows0 = query(conn, "SELECT id, published_at IS NOT NULL, attempts FROM outbox.events"
+        rows0 = query(conn, "SELECT id, outbox.published(events), attempts FROM outbox.events"
                             " WHERE aggregate_type = %s ORDER BY id", (agg,))
         assert len(rows0) == n0
         # the batch in flight was finished and marked, not aborted: an id prefix is published,
@@ -482,7 +482,7 @@ def test_purge_deletes_published_never_pending_or_failed(env, prefix, reader_fac
         left = event_rows(conn, agg)          # at once, not at the relay's next cleanup
         assert set(left) == {e for e, _, _ in p2} | {failed_id}, \
             "purge() must delete the published rows at once and keep pending and failed ones"
-        assert all(r["published_at"] is None for r in left.values())
+        assert all(not r["published"] for r in left.values())
 
         query(conn, "DELETE FROM outbox.events WHERE event_id = %s", (failed_id,))
         failed_id = None

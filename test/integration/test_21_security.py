@@ -445,6 +445,8 @@ RELAY_GRANTS = f"""
     GRANT USAGE ON SCHEMA outbox TO {RELAY_ROLE};
     GRANT SELECT, UPDATE, DELETE ON outbox.events TO {RELAY_ROLE};
     GRANT SELECT ON outbox.relay TO {RELAY_ROLE};
+    GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.relay_progress TO {RELAY_ROLE};
+    GRANT SELECT ON outbox.events_id_seq TO {RELAY_ROLE};
 """
 WAIT_OBSERVE_S = 12            # time a missing role is watched for a crash loop
 REVOKE_OBSERVE_S = 15          # time a missing grant is watched
@@ -468,8 +470,11 @@ def test_relay_role(env, prefix, reader_factory):
     problems = []
     try:
         drop_role(conn, RELAY_ROLE)
-        # the role does not exist yet: the relay waits for it, no crash loop
+        # the role does not exist yet: the relay waits for it, no crash loop.  The grants below
+        # are tested with the relay that marks rows (relay_mode = row); the snapshot relay's own
+        # grant (UPDATE on outbox.relay_progress) at the end
         alter_system(conn, "outbox.role", RELAY_ROLE)
+        alter_system(conn, "outbox.relay_mode", "row")
         log = Log(env)
         conn.close()
         pg_sh(env, "restart")
@@ -623,8 +628,31 @@ def test_relay_role(env, prefix, reader_factory):
                                            " AND payload->>'tag' = 'retention0'", (agg,))[0] == 0,
                    30, "acknowledged events deleted with retention 0")
         set_system(conn, {"outbox.retention": None})
+
+        # the snapshot relay writes outbox.relay_progress: without UPDATE on it, an error with
+        # backoff, nothing sent twice or lost; GRANT again and everything goes out once
+        set_system(conn, {"outbox.relay_mode": "snapshot"})
+        wait_session_shows(conn, "outbox.relay_mode", "snapshot")
+        wait_until(lambda: query_one(conn, "SELECT xid IS NOT NULL FROM outbox.events WHERE event_id = %s",
+                                     (emit_many(conn, agg, ["r1"], 1, tag="probe")[0][0],))[0],
+                   30, "a new event tracked by snapshot")
+        wait_until(lambda: pending_count(conn, agg) == 0, 30, "the probes published")
+        query(conn, f"REVOKE UPDATE ON outbox.relay_progress FROM {RELAY_ROLE}")
+        held_s = emit_many(conn, agg, ["r1", "r2"], 2, tag="no_progress")
+        st = wait_until(lambda: (lambda s: s if s["state"] == "error" and "permission denied for table relay_progress"
+                                 in (s["last_error"] or "") else None)(status(conn)), 30,
+                        "state error: no UPDATE on outbox.relay_progress")
+        assert st["pid"] == pid, st
+        assert pending_count(conn, agg) == len(held_s)
+        query(conn, f"GRANT UPDATE ON outbox.relay_progress TO {RELAY_ROLE}")
+        wait_until(lambda: pending_count(conn, agg) == 0, 60, "the held snapshot events published")
+        counts = wait_counts(reader, {e: 1 for e, _, _ in held_s}, timeout=60, extra=0.5)
+        assert {e for e, _, _ in held_s} <= set(counts), "snapshot events lost"
+        figures["snapshot_copies"] = sum(counts[e] for e, _, _ in held_s)
+        assert status(conn)["pid"] == pid
     finally:
         c = wait_until(lambda: pg_connect(env), 30, "a connection")
+        query(c, "ALTER SYSTEM RESET outbox.relay_mode")
         query(c, "ALTER SYSTEM RESET outbox.retention")
         query(c, "ALTER SYSTEM RESET outbox.role")
         c.close()
@@ -645,7 +673,9 @@ def test_relay_role(env, prefix, reader_factory):
            f" {REVOKE_OBSERVE_S}s with {figures['revoked_commits']} commits, same worker, nothing lost;"
            f" after GRANT all delivered in {figures['recover_s']:.1f}s without a restart;"
            f" REVOKE DELETE: {figures['cleanup_warnings']} cleanup WARNING, publishing went on;"
-           f" retention 0 without DELETE: nothing sent until GRANT DELETE")
+           f" retention 0 without DELETE: nothing sent until GRANT DELETE; snapshot relay without"
+           f" UPDATE on relay_progress: state error, after GRANT {len(held_s)} events arrived"
+           f" ({figures['snapshot_copies']} copies)")
     assert not problems, "\n  ".join(["outbox.role:"] + problems)
 
 
