@@ -12,8 +12,9 @@ EXTENSION = outbox
 EXTVERSION = 1.4
 MODULE_big = outbox
 # in data-path order: start-up, settings, the write side, the relay
-# process (one batch: claim, row to message, marks; snapshot batches,
-# retention, the transaction frame both run in), the state both sides share
+# process (the loop and its connection; one batch: claim, row to message,
+# marks; snapshot batches, retention, the transaction frame both run in; the
+# producer and its topic handles), the state both sides share
 OBJS = \
 	src/outbox.o \
 	src/guc.o \
@@ -24,6 +25,7 @@ OBJS = \
 	src/capture.o \
 	src/ops.o \
 	src/worker.o \
+	src/connect.o \
 	src/batch.o \
 	src/message.o \
 	src/mark.o \
@@ -31,6 +33,7 @@ OBJS = \
 	src/retention.o \
 	src/relay_xact.o \
 	src/producer.o \
+	src/topic_cache.o \
 	src/shmem.o \
 	src/status.o
 

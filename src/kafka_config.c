@@ -2,19 +2,25 @@
  *
  * kafka_config.c
  *	  The rules of outbox.kafka_properties: its syntax, and which librdkafka
- *	  properties a user may not set and whose values no one may see.
+ *	  properties a user may not set and whose values no one may see; and
+ *	  the librdkafka configuration the relay builds from it.
  *
  * Three lists decide what a key may be:
  *	- reserved: the relay sets them itself, because they carry the delivery
  *	  guarantees or have their own setting; they must agree with the
- *	  defaults the relay sets (default_properties in producer.c);
+ *	  defaults the relay sets (default_properties, at the end of this file);
  *	- forbidden: they would load code or run a command in the server;
  *	- secret: their values never appear in SHOW, pg_settings, the log or a
  *	  message.
  *
- * Nothing here reads a setting or touches librdkafka, so the postmaster can
+ * Then the configuration the relay's producer is built with
+ * (outbox_kafka_conf_new): the relay's own properties and defaults, then
+ * the user's.
+ *
+ * Nothing here reads a setting, and only outbox_kafka_conf_new touches
+ * librdkafka (the relay worker calls it, producer.c), so the postmaster can
  * check a new value (guc.c) with the same rules the relay builds its
- * producer with (producer.c).
+ * producer with.
  *
  *-------------------------------------------------------------------------
  */
@@ -22,6 +28,12 @@
 #include "kafka_config.h"
 
 #include <ctype.h>
+
+static bool set_relay_properties(rd_kafka_conf_t *conf,
+								 const char *bootstrap_servers,
+								 int delivery_timeout_ms, char **error);
+static bool set_property(rd_kafka_conf_t *conf, const char *key,
+						 const char *value, char **error);
 
 /*
  * Properties that load code or run commands in the server process.  Being
@@ -225,4 +237,156 @@ outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
 	*props = out;
 	*nprops = n;
 	return true;
+}
+
+/*
+ * Defaults the relay sets before the user's outbox.kafka_properties.  acks
+ * and idempotence are fixed (reserved_kafka_properties refuses to override
+ * them); the rest are tuned for a relay that sends batches and waits for
+ * their reports.
+ */
+static const char *const default_properties[][2] = {
+	{"enable.idempotence", "true"},
+	{"acks", "all"},
+	/* same key -> partition mapping as the Java client and Debezium */
+	{"partitioner", "murmur2_random"},
+	/* a claimed batch is produced at once; do not wait to fill batches */
+	{"linger.ms", "1"},
+	/* the broker's default message.max.bytes (1 MiB + 12), not 1 MB */
+	{"message.max.bytes", "1048588"},
+
+	/*
+	 * When the broker refuses a message for good (too large for the topic,
+	 * say), the idempotent producer would go on with the partition's later
+	 * messages, so a later event of the same aggregate could overtake the
+	 * refused one.  With this, librdkafka stops instead (a fatal error):
+	 * the relay records the refusal, rebuilds the producer, and the held
+	 * back events wait behind the refused one.  (A later batch may already
+	 * be on the wire when it stops, so the relay also keeps a large event's
+	 * successors out of its batch: see BARRIER_BYTES in message.c.)
+	 */
+	{"enable.gapless.guarantee", "true"},
+
+	/* bound the memory librdkafka may queue (default would be 1 GB) */
+	{"queue.buffering.max.kbytes", "65536"},
+	{"client.id", "outbox-relay"},
+	/* reports, errors and logs reach us only through rd_kafka_poll() */
+	{"log.queue", "true"},
+	{"socket.keepalive.enable", "true"},
+	/* small produce requests go out at once, not after the peer's ACK */
+	{"socket.nagle.disable", "true"},
+
+	/*
+	 * never run sasl.kerberos.kinit.cmd (a shell command): see
+	 * reserved_kafka_properties
+	 */
+	{"sasl.kerberos.min.time.before.relogin", "0"},
+	{NULL, NULL}
+};
+
+/*
+ * outbox_kafka_conf_new
+ *		The librdkafka configuration of the relay's producer, from
+ *		bootstrap_servers ("host:port,..."), delivery_timeout_ms (ms, as
+ *		message.timeout.ms), the relay's defaults (default_properties) and
+ *		properties, the text of outbox.kafka_properties ("key=value;...").
+ *
+ * Returns NULL with *error set (palloc'd, free of property values, which may
+ * be secrets) when properties is malformed or names a reserved or forbidden
+ * key, or librdkafka refuses a property (unknown, or an invalid value).  The
+ * caller owns the configuration: rd_kafka_new() takes it over, or
+ * rd_kafka_conf_destroy() frees it.  Never call this in the postmaster.
+ */
+rd_kafka_conf_t *
+outbox_kafka_conf_new(const char *bootstrap_servers, int delivery_timeout_ms,
+					  const char *properties, char **error)
+{
+	rd_kafka_conf_t *conf;
+	OutboxKafkaProperty *props;
+	int			nprops;
+	int			i;
+
+	if (!outbox_parse_kafka_properties(properties, &props, &nprops, error))
+	{
+		*error = psprintf("outbox.kafka_properties: %s", *error);
+		return NULL;
+	}
+
+	conf = rd_kafka_conf_new();
+	if (!set_relay_properties(conf, bootstrap_servers, delivery_timeout_ms,
+							  error))
+	{
+		rd_kafka_conf_destroy(conf);
+		return NULL;
+	}
+	for (i = 0; i < nprops; i++)
+	{
+		if (!set_property(conf, props[i].key, props[i].value, error))
+		{
+			*error = psprintf("outbox.kafka_properties: %s", *error);
+			rd_kafka_conf_destroy(conf);
+			return NULL;
+		}
+	}
+	return conf;
+}
+
+/*
+ * Set what the relay sets itself: the servers, the delivery timeout (ms),
+ * the topic metadata wait derived from it, and default_properties.  False
+ * with *error set when librdkafka refuses one.
+ */
+static bool
+set_relay_properties(rd_kafka_conf_t *conf, const char *bootstrap_servers,
+					 int delivery_timeout_ms, char **error)
+{
+	char		timeout[32];
+	char		propagation[32];
+	int			i;
+
+	snprintf(timeout, sizeof(timeout), "%d", delivery_timeout_ms);
+
+	/*
+	 * A topic that does not appear must be reported as unknown (permanent)
+	 * before its messages time out (transient), so wait at most half the
+	 * delivery timeout for it to show up.
+	 */
+	snprintf(propagation, sizeof(propagation), "%d",
+			 Min(30000, delivery_timeout_ms / 2));
+	if (!set_property(conf, "bootstrap.servers", bootstrap_servers, error) ||
+		!set_property(conf, "message.timeout.ms", timeout, error) ||
+		!set_property(conf, "topic.metadata.propagation.max.ms", propagation, error))
+		return false;
+	for (i = 0; default_properties[i][0] != NULL; i++)
+	{
+		if (!set_property(conf, default_properties[i][0],
+						  default_properties[i][1], error))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Set one property of conf.  False with *error set (palloc'd) when
+ * librdkafka does not know key or refuses value; the message shows the value
+ * only when key is not secret.
+ */
+static bool
+set_property(rd_kafka_conf_t *conf, const char *key, const char *value,
+			 char **error)
+{
+	char		errstr[512];
+	rd_kafka_conf_res_t res;
+
+	res = rd_kafka_conf_set(conf, key, value, errstr, sizeof(errstr));
+	if (res == RD_KAFKA_CONF_OK)
+		return true;
+	if (res == RD_KAFKA_CONF_UNKNOWN)
+		*error = psprintf("unknown librdkafka property \"%s\"", key);
+	else if (outbox_kafka_property_is_secret(key))
+		*error = psprintf("invalid value for librdkafka property \"%s\"", key);
+	else
+		*error = psprintf("invalid value for librdkafka property \"%s\": %s",
+						  key, errstr);
+	return false;
 }

@@ -2,12 +2,14 @@
  *
  * kafka_config.h
  *	  The rules of outbox.kafka_properties: syntax, reserved, forbidden and
- *	  secret librdkafka properties.
+ *	  secret librdkafka properties; the relay's librdkafka configuration.
  *
  *-------------------------------------------------------------------------
  */
 #ifndef OUTBOX_KAFKA_CONFIG_H
 #define OUTBOX_KAFKA_CONFIG_H
+
+#include <librdkafka/rdkafka.h>
 
 /*
  * Parsed outbox.kafka_properties: parallel arrays of keys and values,
@@ -25,5 +27,9 @@ extern bool outbox_parse_kafka_properties(const char *text,
 										  char **error);
 extern bool outbox_kafka_property_is_secret(const char *key);
 extern char *outbox_trim_whitespace(char *s);
+extern rd_kafka_conf_t *outbox_kafka_conf_new(const char *bootstrap_servers,
+											  int delivery_timeout_ms,
+											  const char *properties,
+											  char **error);
 
 #endif							/* OUTBOX_KAFKA_CONFIG_H */

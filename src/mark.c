@@ -269,8 +269,8 @@ classify_failure(BatchEntry *e, OutboxDelivery *d, bool shared,
 
 /*
  * Did a later event of a failed event's aggregate get through anyway?
- * (It should not: see enable.gapless.guarantee in producer.c.)  Count
- * each such event once.
+ * (It should not: see enable.gapless.guarantee in kafka_config.c.)
+ * Count each such event once.
  */
 static void
 count_overtaken(OutboxProducer *producer, BatchEntry *entries, int n,

@@ -112,7 +112,7 @@ static void absorb_barriers(void);
  *		Fetch every row of portal and produce it, CLAIM_FETCH_SIZE rows at a
  *		time, so that a batch of large payloads never sits in memory at once:
  *		each row is copied into librdkafka's queue (which is bounded, see
- *		producer.c) and its SPI copy freed with the chunk.
+ *		kafka_config.c) and its SPI copy freed with the chunk.
  *
  * Each row becomes entry batch->n of the batch.  Stops early when the batch
  * is full, the producer hit a fatal error, or SIGTERM arrived.  Closes the

@@ -1,7 +1,11 @@
 /*-------------------------------------------------------------------------
  *
  * producer.c
- *	  The relay's Kafka producer, built on librdkafka.
+ *	  The relay's Kafka producer, built on librdkafka: create and destroy
+ *	  it, send a batch's messages, serve their delivery reports.
+ *
+ * Its configuration comes from kafka_config.c, its topic handles from
+ * topic_cache.c.
  *
  * Rules this file keeps (see ../shared/reference/kafka-notes.md):
  *	- The producer is created in the relay worker, never in the postmaster:
@@ -17,95 +21,32 @@
  *	  procsignal barriers.
  *	- Delivery guarantees are not negotiable: acks=all and the idempotent
  *	  producer keep each partition in order through retries, and the murmur2
- *	  partitioner puts a key on the partition a Java client would choose.
+ *	  partitioner puts a key on the partition a Java client would choose
+ *	  (default_properties in kafka_config.c, which users cannot override).
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
 #include "kafka_config.h"
 #include "producer.h"
+#include "topic_cache.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include "miscadmin.h"
-#include "utils/hsearch.h"
 #include "utils/memutils.h"
-#include "utils/timestamp.h"
-
-/* topics whose handles we keep; past this, each message looks its topic up */
-#define MAX_CACHED_TOPICS	10000
-
-/* how long the first message to a topic may wait for its metadata */
-#define TOPIC_METADATA_TIMEOUT_MS	500
-
-/* how long a topic error from the metadata is trusted before asking again */
-#define TOPIC_ERROR_RECHECK_MS	1000
-
-/* how long a new topic may take to be auto-created by the broker */
-#define TOPIC_CREATE_WAIT_MS	1500
-#define TOPIC_CREATE_POLL_MS	50
-
-typedef struct TopicEntry
-{
-	char		name[OUTBOX_TOPIC_MAX_LEN + 1];	/* hash key */
-	rd_kafka_topic_t *rkt;
-	rd_kafka_resp_err_t error;	/* topic refused by the cluster, or 0 */
-	TimestampTz checked_at;		/* when error was last looked up */
-} TopicEntry;
 
 StaticAssertDecl(SIZEOF_VOID_P >= 8,
 				 "delivery opaques pack a generation and an index into a pointer");
 
+static bool open_wakeup_pipe(OutboxProducer *producer);
 static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg,
 					  void *opaque);
 static void error_cb(rd_kafka_t *rk, int err, const char *reason,
 					 void *opaque);
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
 				   const char *buf);
-static bool set_property(rd_kafka_conf_t *conf, const char *key,
-						 const char *value, char **error);
-
-/*
- * Defaults the relay sets before the user's outbox.kafka_properties.
- * acks and idempotence are fixed (kafka_config.c refuses to override them);
- * the rest are tuned for a relay that sends batches and waits for their
- * reports.
- */
-static const char *const default_properties[][2] = {
-	{"enable.idempotence", "true"},
-	{"acks", "all"},
-	/* same key -> partition mapping as the Java client and Debezium */
-	{"partitioner", "murmur2_random"},
-	/* a claimed batch is produced at once; do not wait to fill batches */
-	{"linger.ms", "1"},
-	/* the broker's default message.max.bytes (1 MiB + 12), not 1 MB */
-	{"message.max.bytes", "1048588"},
-
-	/*
-	 * When the broker refuses a message for good (too large for the topic,
-	 * say), the idempotent producer would go on with the partition's later
-	 * messages, so a later event of the same aggregate could overtake the
-	 * refused one.  With this, librdkafka stops instead (a fatal error):
-	 * the relay records the refusal, rebuilds the producer, and the held
-	 * back events wait behind the refused one.  (A later batch may already
-	 * be on the wire when it stops, so the relay also keeps a large event's
-	 * successors out of its batch: see BARRIER_BYTES in message.c.)
-	 */
-	{"enable.gapless.guarantee", "true"},
-
-	/* bound the memory librdkafka may queue (default would be 1 GB) */
-	{"queue.buffering.max.kbytes", "65536"},
-	{"client.id", "outbox-relay"},
-	/* reports, errors and logs reach us only through rd_kafka_poll() */
-	{"log.queue", "true"},
-	{"socket.keepalive.enable", "true"},
-	/* small produce requests go out at once, not after the peer's ACK */
-	{"socket.nagle.disable", "true"},
-	/* never run sasl.kerberos.kinit.cmd (a shell command): see kafka_config.c */
-	{"sasl.kerberos.min.time.before.relogin", "0"},
-	{NULL, NULL}
-};
 
 /*
  * outbox_producer_create
@@ -121,56 +62,13 @@ outbox_producer_create(char **error)
 {
 	OutboxProducer *producer;
 	rd_kafka_conf_t *conf;
-	rd_kafka_queue_t *mainq;
-	OutboxKafkaProperty *props;
-	int			nprops;
 	char		errstr[512];
-	char		timeout[32];
-	char		propagation[32];
-	int			i;
 
-	if (!outbox_parse_kafka_properties(outbox_kafka_properties, &props,
-									   &nprops, error))
-	{
-		*error = psprintf("outbox.kafka_properties: %s", *error);
+	conf = outbox_kafka_conf_new(outbox_bootstrap_servers,
+								 outbox_delivery_timeout,
+								 outbox_kafka_properties, error);
+	if (conf == NULL)
 		return NULL;
-	}
-
-	conf = rd_kafka_conf_new();
-	snprintf(timeout, sizeof(timeout), "%d", outbox_delivery_timeout);
-
-	/*
-	 * A topic that does not appear must be reported as unknown (permanent)
-	 * before its messages time out (transient), so wait at most half the
-	 * delivery timeout for it to show up.
-	 */
-	snprintf(propagation, sizeof(propagation), "%d",
-			 Min(30000, outbox_delivery_timeout / 2));
-	if (!set_property(conf, "bootstrap.servers", outbox_bootstrap_servers, error) ||
-		!set_property(conf, "message.timeout.ms", timeout, error) ||
-		!set_property(conf, "topic.metadata.propagation.max.ms", propagation, error))
-	{
-		rd_kafka_conf_destroy(conf);
-		return NULL;
-	}
-	for (i = 0; default_properties[i][0] != NULL; i++)
-	{
-		if (!set_property(conf, default_properties[i][0],
-						  default_properties[i][1], error))
-		{
-			rd_kafka_conf_destroy(conf);
-			return NULL;
-		}
-	}
-	for (i = 0; i < nprops; i++)
-	{
-		if (!set_property(conf, props[i].key, props[i].value, error))
-		{
-			*error = psprintf("outbox.kafka_properties: %s", *error);
-			rd_kafka_conf_destroy(conf);
-			return NULL;
-		}
-	}
 
 	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(OutboxProducer));
 	producer->wakeup_fd[0] = producer->wakeup_fd[1] = -1;
@@ -190,29 +88,13 @@ outbox_producer_create(char **error)
 	}
 	rd_kafka_set_log_queue(producer->rk, NULL);
 
-	if (pipe(producer->wakeup_fd) != 0 ||
-		fcntl(producer->wakeup_fd[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(producer->wakeup_fd[1], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(producer->wakeup_fd[0], F_SETFD, FD_CLOEXEC) != 0 ||
-		fcntl(producer->wakeup_fd[1], F_SETFD, FD_CLOEXEC) != 0)
+	if (!open_wakeup_pipe(producer))
 	{
 		*error = psprintf("could not create the producer's wake-up pipe: %m");
 		outbox_producer_destroy(producer);
 		return NULL;
 	}
-	mainq = rd_kafka_queue_get_main(producer->rk);
-	rd_kafka_queue_io_event_enable(mainq, producer->wakeup_fd[1], "1", 1);
-	rd_kafka_queue_destroy(mainq);
-
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = OUTBOX_TOPIC_MAX_LEN + 1;
-		ctl.entrysize = sizeof(TopicEntry);
-		ctl.hcxt = TopMemoryContext;
-		producer->topics = hash_create("outbox relay topics", 64, &ctl,
-									   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-	}
+	producer->topics = outbox_topic_cache_create();
 
 	producer->bootstrap_servers = MemoryContextStrdup(TopMemoryContext,
 													  outbox_bootstrap_servers);
@@ -222,24 +104,26 @@ outbox_producer_create(char **error)
 	return producer;
 }
 
+/*
+ * Make the pipe librdkafka writes a byte to whenever events are queued on
+ * its main queue; the worker waits on producer->wakeup_fd[0].  False, with
+ * errno set, when the pipe cannot be made.
+ */
 static bool
-set_property(rd_kafka_conf_t *conf, const char *key, const char *value,
-			 char **error)
+open_wakeup_pipe(OutboxProducer *producer)
 {
-	char		errstr[512];
-	rd_kafka_conf_res_t res;
+	rd_kafka_queue_t *mainq;
 
-	res = rd_kafka_conf_set(conf, key, value, errstr, sizeof(errstr));
-	if (res == RD_KAFKA_CONF_OK)
-		return true;
-	if (res == RD_KAFKA_CONF_UNKNOWN)
-		*error = psprintf("unknown librdkafka property \"%s\"", key);
-	else if (outbox_kafka_property_is_secret(key))
-		*error = psprintf("invalid value for librdkafka property \"%s\"", key);
-	else
-		*error = psprintf("invalid value for librdkafka property \"%s\": %s",
-						  key, errstr);
-	return false;
+	if (pipe(producer->wakeup_fd) != 0 ||
+		fcntl(producer->wakeup_fd[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(producer->wakeup_fd[1], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(producer->wakeup_fd[0], F_SETFD, FD_CLOEXEC) != 0 ||
+		fcntl(producer->wakeup_fd[1], F_SETFD, FD_CLOEXEC) != 0)
+		return false;
+	mainq = rd_kafka_queue_get_main(producer->rk);
+	rd_kafka_queue_io_event_enable(mainq, producer->wakeup_fd[1], "1", 1);
+	rd_kafka_queue_destroy(mainq);
+	return true;
 }
 
 /*
@@ -248,7 +132,8 @@ set_property(rd_kafka_conf_t *conf, const char *key, const char *value,
  *
  * Purging first makes rd_kafka_destroy() return at once even when no broker
  * is reachable, so a fast shutdown stays fast.  Events not yet acknowledged
- * are still unpublished in the table and go out again later.
+ * are still unpublished in the table and go out again later.  producer may
+ * be NULL, or half built (outbox_producer_create).  Raises no ERROR.
  */
 void
 outbox_producer_destroy(OutboxProducer *producer)
@@ -262,19 +147,10 @@ outbox_producer_destroy(OutboxProducer *producer)
 					   RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 		rd_kafka_poll(producer->rk, 0);
 		if (producer->topics != NULL)
-		{
-			HASH_SEQ_STATUS seq;
-			TopicEntry *entry;
-
-			hash_seq_init(&seq, producer->topics);
-			while ((entry = hash_seq_search(&seq)) != NULL)
-				rd_kafka_topic_destroy(entry->rkt);
-		}
+			outbox_topic_cache_destroy(producer->topics);
 		rd_kafka_destroy(producer->rk);
 		producer->rk = NULL;
 	}
-	if (producer->topics != NULL)
-		hash_destroy(producer->topics);
 	if (producer->wakeup_fd[0] >= 0)
 		close(producer->wakeup_fd[0]);
 	if (producer->wakeup_fd[1] >= 0)
@@ -290,7 +166,9 @@ outbox_producer_destroy(OutboxProducer *producer)
 
 /*
  * outbox_producer_settings_changed
- *		True if a reload changed a setting the producer was built with.
+ *		True if a reload changed a setting the producer was built with
+ *		(outbox.bootstrap_servers, outbox.kafka_properties,
+ *		outbox.delivery_timeout): then it must be rebuilt.
  */
 bool
 outbox_producer_settings_changed(OutboxProducer *producer)
@@ -304,8 +182,10 @@ outbox_producer_settings_changed(OutboxProducer *producer)
  * outbox_producer_begin_batch
  *		Start a new batch of up to capacity messages.
  *
- * Reports that still arrive for an earlier (aborted) batch carry an older
- * generation and are ignored.
+ * capacity is the batch's size in messages: deliveries[0..capacity-1] are
+ * zeroed and filled by the delivery reports.  Reports that still arrive for
+ * an earlier (aborted) batch carry an older generation and are ignored.
+ * Raises ERROR only when out of memory.
  */
 void
 outbox_producer_begin_batch(OutboxProducer *producer, int capacity)
@@ -324,115 +204,6 @@ outbox_producer_begin_batch(OutboxProducer *producer, int capacity)
 }
 
 /*
- * Ask the cluster about one topic, waiting at most TOPIC_METADATA_TIMEOUT_MS,
- * and remember whether it refuses the topic.  Errors of the request itself
- * (no broker answered) say nothing about the topic and are not kept.
- */
-static void
-check_topic(OutboxProducer *producer, TopicEntry *entry)
-{
-	const struct rd_kafka_metadata *md = NULL;
-
-	entry->checked_at = GetCurrentTimestamp();
-	if (producer->all_brokers_down)
-		return;					/* not worth a wait when no broker answers */
-	if (rd_kafka_metadata(producer->rk, 0, entry->rkt, &md,
-						  TOPIC_METADATA_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR)
-		return;
-	entry->error = RD_KAFKA_RESP_ERR_NO_ERROR;
-	if (md->topic_cnt == 1)
-	{
-		switch (md->topics[0].err)
-		{
-			case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
-			case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
-			case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
-				entry->error = md->topics[0].err;
-				break;
-			default:
-				break;
-		}
-	}
-	rd_kafka_metadata_destroy(md);
-}
-
-/*
- * A broker with auto.create.topics.enable answers the first metadata
- * request for a new topic with UNKNOWN_TOPIC_OR_PART and creates it
- * meanwhile: ask again for a moment before taking the topic as refused, so
- * that the first event to a new topic does not count as a failed attempt.
- * Done once per topic and producer; a topic that stays unknown costs
- * TOPIC_CREATE_WAIT_MS once.
- */
-static void
-wait_for_topic_creation(OutboxProducer *producer, TopicEntry *entry)
-{
-	int			waited = 0;
-
-	while (entry->error == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
-		   waited < TOPIC_CREATE_WAIT_MS)
-	{
-		/* interrupts are held during a batch (batch.c): look for SIGTERM */
-		if (ProcDiePending)
-			return;
-		CHECK_FOR_INTERRUPTS();
-		pg_usleep(TOPIC_CREATE_POLL_MS * 1000L);
-		waited += TOPIC_CREATE_POLL_MS;
-		check_topic(producer, entry);
-	}
-}
-
-/*
- * The handle of a topic, created on first use, and whether the cluster
- * refuses it (*error).
- *
- * librdkafka looks up unknown topics only about once a second, so the first
- * message to each topic would wait up to a second; asking for the topic's
- * metadata right away makes that a round trip instead.  The same answer
- * tells whether the topic is refused (not authorized, does not exist and
- * will not be created): librdkafka would only let such messages time out,
- * which looks like a broker outage; the relay fails them at once instead,
- * as a permanent error.  A refusal is looked up again after
- * TOPIC_ERROR_RECHECK_MS, so a fixed ACL or a created topic is noticed.
- *
- * Returns NULL when the cache is full: the caller then names the topic per
- * message.
- */
-static rd_kafka_topic_t *
-topic_handle(OutboxProducer *producer, const char *name, rd_kafka_resp_err_t *error)
-{
-	TopicEntry *entry;
-	bool		found;
-
-	*error = RD_KAFKA_RESP_ERR_NO_ERROR;
-	if (strlen(name) > OUTBOX_TOPIC_MAX_LEN)
-		return NULL;
-	entry = hash_search(producer->topics, name, HASH_FIND, NULL);
-	if (entry == NULL)
-	{
-		if (hash_get_num_entries(producer->topics) >= MAX_CACHED_TOPICS)
-			return NULL;
-		entry = hash_search(producer->topics, name, HASH_ENTER, &found);
-		entry->rkt = rd_kafka_topic_new(producer->rk, name, NULL);
-		entry->error = RD_KAFKA_RESP_ERR_NO_ERROR;
-		if (entry->rkt == NULL)
-		{
-			hash_search(producer->topics, name, HASH_REMOVE, NULL);
-			return NULL;
-		}
-		check_topic(producer, entry);
-		wait_for_topic_creation(producer, entry);
-	}
-	else if (entry->error != RD_KAFKA_RESP_ERR_NO_ERROR &&
-			 TimestampDifferenceExceeds(entry->checked_at, GetCurrentTimestamp(),
-										TOPIC_ERROR_RECHECK_MS))
-		check_topic(producer, entry);
-
-	*error = entry->error;
-	return entry->rkt;
-}
-
-/*
  * outbox_producer_send
  *		Queue one message as entry index of the current batch.
  *
@@ -440,6 +211,9 @@ topic_handle(OutboxProducer *producer, const char *name, rd_kafka_resp_err_t *er
  * fill deliveries[index]), or the error librdkafka raised at once:
  * _QUEUE_FULL (serve reports and try again), MSG_SIZE_TOO_LARGE,
  * _UNKNOWN_TOPIC, _FATAL and the like.  Key, value and headers are copied.
+ * index is 0..capacity-1 (outbox_producer_begin_batch).  The first message
+ * to a topic may wait for the topic's metadata (topic_cache.c); nothing
+ * here raises ERROR.
  */
 rd_kafka_resp_err_t
 outbox_producer_send(OutboxProducer *producer, int index,
@@ -459,7 +233,8 @@ outbox_producer_send(OutboxProducer *producer, int index,
 							msg->header_values[i], msg->header_lens[i]);
 
 	tag = ((uintptr_t) producer->generation << 32) | (uint32) index;
-	rkt = topic_handle(producer, msg->topic, &err);
+	rkt = outbox_topic_handle(producer->rk, producer->topics, msg->topic,
+							  producer->all_brokers_down, &err);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		rd_kafka_headers_destroy(headers);
@@ -500,6 +275,7 @@ outbox_producer_send(OutboxProducer *producer, int index,
 /*
  * outbox_producer_serve
  *		Serve queued delivery reports, errors and log lines.  Never blocks.
+ *		librdkafka's log lines are passed on at DEBUG1.
  */
 void
 outbox_producer_serve(OutboxProducer *producer)
@@ -526,7 +302,7 @@ outbox_producer_serve(OutboxProducer *producer)
  *
  * Messages queued or in flight are purged; those in flight may still reach
  * Kafka, which is why delivery is at-least-once and why consumers
- * de-duplicate on the "id" header.
+ * de-duplicate on the "id" header.  Never blocks; raises no ERROR.
  */
 void
 outbox_producer_abort_batch(OutboxProducer *producer)
@@ -540,7 +316,7 @@ outbox_producer_abort_batch(OutboxProducer *producer)
 
 /*
  * outbox_producer_probe
- *		Ask a broker for cluster metadata, waiting at most timeout_ms.
+ *		Ask a broker for cluster metadata, waiting at most timeout_ms (ms).
  *		True if one answered.  Used to notice that Kafka is back while there
  *		is nothing to publish.
  */
@@ -604,7 +380,11 @@ outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err)
 			 * message.timestamp.before/after.max.ms; it only gets older
 			 */
 		case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
-			/* the message that made the producer stop (see gapless above) */
+
+			/*
+			 * the message that made the producer stop (see
+			 * enable.gapless.guarantee in kafka_config.c)
+			 */
 		case RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE:
 			/* the topic does not exist and the broker will not create it */
 		case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:

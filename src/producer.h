@@ -46,7 +46,8 @@ typedef struct OutboxMessage
 typedef struct OutboxProducer
 {
 	rd_kafka_t *rk;
-	struct HTAB *topics;		/* topic name -> rd_kafka_topic_t handle */
+	struct HTAB *topics;		/* topic name -> rd_kafka_topic_t handle
+								 * (topic_cache.c) */
 	int			wakeup_fd[2];	/* librdkafka writes [1] when events queue */
 
 	/* settings the producer was built with, to detect a reload */

@@ -2,8 +2,9 @@
  *
  * relay.h
  *	  The relay as worker.c calls it: one relay batch (batch.c) claims
- *	  committed events, publishes them and marks what Kafka acknowledged;
- *	  retention (retention.c) deletes published events once they expired.
+ *	  committed events, publishes them and marks what Kafka acknowledged.
+ *	  Retention, which deletes published events once they expired, has its
+ *	  own header (retention.h).
  *
  *-------------------------------------------------------------------------
  */
@@ -34,6 +35,5 @@ typedef struct OutboxBatchResult
 
 extern void outbox_relay_batch(OutboxProducer *producer,
 							   OutboxBatchResult *result);
-extern int64 outbox_relay_cleanup(void);
 
 #endif							/* OUTBOX_RELAY_H */

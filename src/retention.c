@@ -2,25 +2,32 @@
  *
  * retention.c
  *	  Delete published events once outbox.retention has passed, in chunks,
- *	  in a transaction of its own (outbox_relay_cleanup, called by the
- *	  worker between batches).
+ *	  in a transaction of its own (outbox_relay_cleanup_if_due, called by
+ *	  the worker between batches, at most once a second).
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
 #include "mark.h"
-#include "relay.h"
 #include "relay_xact.h"
+#include "retention.h"
 #include "snapshot.h"
+#include "status.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "utils/timestamp.h"
 
 /* rows deleted per retention statement, and statements per cleanup call */
 #define CLEANUP_CHUNK		10000
 #define CLEANUP_MAX_CHUNKS	10
+
+/* how often expired published rows are deleted, and retried after a failure */
+#define CLEANUP_INTERVAL_MS		1000
+#define CLEANUP_RETRY_MS		10000
 
 /*
  * Retention: look at the CLEANUP_CHUNK oldest published rows (in id order,
@@ -96,6 +103,9 @@ static SPIPlanPtr oldest_row_plan = NULL;
 static SPIPlanPtr cleanup_rows_plan = NULL;
 static SPIPlanPtr cleanup_rows_bounded_plan = NULL;
 
+/* the last retention cleanup failed (logged once until it works again) */
+static bool cleanup_failing = false;
+
 /*
  * Run one retention statement (a chunk of at most CLEANUP_CHUNK rows) until
  * it deletes nothing or CLEANUP_MAX_CHUNKS ran; returns the rows deleted.
@@ -154,10 +164,8 @@ oldest_row_tracked_due(Datum *args)
 }
 
 /*
- * outbox_relay_cleanup
- *		Delete events published more than outbox.retention seconds ago.
- *
- * Runs in its own transaction, in chunks of CLEANUP_CHUNK rows, looking only
+ * Delete events published more than outbox.retention seconds ago.  Runs
+ * in its own transaction, in chunks of CLEANUP_CHUNK rows, looking only
  * at the oldest rows of the table (published rows are the oldest), so its
  * cost does not grow with the table.  With retention 0 acknowledged rows
  * are deleted at once by the relay, and this deletes any published while
@@ -165,8 +173,8 @@ oldest_row_tracked_due(Datum *args)
  * a batch was marked).  Returns the number of rows deleted; 0 when retention
  * is off (-1) or the table is missing.  SPI errors are raised as ERROR.
  */
-int64
-outbox_relay_cleanup(void)
+static int64
+cleanup_published(void)
 {
 	int64		deleted = 0;
 	Oid			relid;
@@ -207,4 +215,71 @@ outbox_relay_cleanup(void)
 	}
 	outbox_relay_xact_end(callercxt, true);
 	return deleted;
+}
+
+/*
+ * Delete the published events retention no longer keeps.  Its failure (the
+ * relay's role may lack DELETE, say) must not stop publishing, which does
+ * not need it: it is logged once as a WARNING, shown as the status' last
+ * error, and retried every CLEANUP_RETRY_MS until it works again.
+ */
+static void
+delete_expired_events(void)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		(void) cleanup_published();
+		if (cleanup_failing)
+			ereport(LOG,
+					(errmsg("outbox relay deletes published events again")));
+		cleanup_failing = false;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		MemoryContextSwitchTo(cxt);
+		pgstat_report_activity(STATE_IDLE, NULL);
+
+		if (!cleanup_failing)
+			ereport(WARNING,
+					(errcode(edata->sqlerrcode),
+					 errmsg("outbox relay cannot delete published events: %s", edata->message),
+					 errdetail("Publishing goes on; published events older than outbox.retention stay in outbox.events until this is fixed. Retried every %d s.",
+							   CLEANUP_RETRY_MS / 1000),
+					 errhint("Grant the relay's role DELETE on outbox.events, or set outbox.retention = -1 to keep published events.")));
+		outbox_status_set_error(psprintf("cannot delete published events: %s", edata->message));
+		cleanup_failing = true;
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+}
+
+/*
+ * outbox_relay_cleanup_if_due
+ *		Delete the published events retention no longer keeps, if
+ *		CLEANUP_INTERVAL_MS passed since the last cleanup (CLEANUP_RETRY_MS
+ *		after a failed one).  Called by the worker at every pass of its loop,
+ *		whatever the state of Kafka.
+ *
+ * Raises no ERROR: a failure is logged and shown in outbox.status
+ * (delete_expired_events), and publishing goes on.
+ */
+void
+outbox_relay_cleanup_if_due(void)
+{
+	static TimestampTz last_cleanup = 0;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!TimestampDifferenceExceeds(last_cleanup, now,
+									cleanup_failing ? CLEANUP_RETRY_MS : CLEANUP_INTERVAL_MS))
+		return;
+	last_cleanup = now;
+	delete_expired_events();
 }

@@ -3,10 +3,12 @@
  * worker.c
  *	  The relay background worker: registration, start-up, main loop.
  *
- * The worker connects to outbox.database and loops: claim and publish a
- * batch (batch.c), delete expired published rows, then sleep on its latch
- * until a committing transaction wakes it (emit.c), librdkafka has events
- * for it (producer.c), or outbox.poll_interval passes.
+ * The worker connects to outbox.database (connect.c) and loops: delete
+ * expired published rows (retention.c), claim and publish a batch
+ * (batch.c), then sleep on its latch until a committing transaction wakes
+ * it (emit.c), librdkafka has events for it (producer.c), or
+ * outbox.poll_interval passes.  Each pass ends by telling what the batch
+ * said about Kafka (status.c) and how long to sleep.
  *
  * It follows the pattern of worker_spi and pg_cron: core signal handlers
  * (die for SIGTERM, so interrupts are only processed at
@@ -19,11 +21,12 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "connect.h"
 #include "relay.h"
+#include "retention.h"
 #include "status.h"
 
 #include "access/xact.h"
-#include "commands/dbcommands.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -32,23 +35,12 @@
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "tcop/tcopprot.h"
-#include "access/genam.h"
-#include "access/table.h"
-#include "catalog/pg_authid.h"
-#include "catalog/pg_database.h"
-#include "utils/fmgroids.h"
-#include "utils/acl.h"
-#include "utils/syscache.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 /* seconds the postmaster waits before restarting a worker that exited */
 #define WORKER_RESTART_SECONDS	5
-
-/* how often expired published rows are deleted, and retried after a failure */
-#define CLEANUP_INTERVAL_MS		1000
-#define CLEANUP_RETRY_MS		10000
 
 /* while Kafka seems down and nothing is pending: how often to ask it */
 #define PROBE_INTERVAL_MS		5000
@@ -65,21 +57,17 @@ static MemoryContext worker_context = NULL;
 /* backoff after errors; static so that it survives the longjmp */
 static int	error_backoff_ms = 0;
 
-/* the last retention cleanup failed (logged once until it works again) */
-static bool cleanup_failing = false;
-
-static void connect_to_database(void);
-pg_noreturn static void wait_for_database(void);
 pg_noreturn static void relay_loop(void);
+static void recover_from_error(void);
+static void wait_out(long ms, OutboxWait wait, bool control_ends_it,
+					 uint32 control_seq);
 static long relay_step(void);
+static void report_batch(const OutboxBatchResult *result);
+static long rebuild_failed_producer(void);
+static void update_broker_state(const OutboxBatchResult *result);
 static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
-static void recover_from_error(void);
-static void delete_expired_events(void);
-static const char *connection_obstacle(void);
-static void wait_out(long ms, OutboxWait wait, bool control_ends_it,
-					 uint32 control_seq);
 
 /*
  * outbox_register_worker
@@ -109,7 +97,13 @@ outbox_register_worker(void)
 
 /*
  * outbox_worker_main
- *		Entry point of the relay worker.
+ *		Entry point of the relay worker, named in its registration; main_arg
+ *		is unused.
+ *
+ * Never returns: the loop ends with the process, by SIGTERM (FATAL at a
+ * CHECK_FOR_INTERRUPTS) or postmaster death.  Errors inside the loop are
+ * caught and retried (relay_loop); a FATAL while connecting makes the
+ * postmaster restart the worker after WORKER_RESTART_SECONDS.
  */
 void
 outbox_worker_main(Datum main_arg)
@@ -118,7 +112,7 @@ outbox_worker_main(Datum main_arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
-	connect_to_database();
+	outbox_connect_to_database();
 
 	worker_context = AllocSetContextCreate(TopMemoryContext, "outbox relay",
 										   ALLOCSET_DEFAULT_SIZES);
@@ -167,167 +161,6 @@ outbox_worker_main(Datum main_arg)
 					outbox_database)));
 
 	relay_loop();
-}
-
-/*
- * Connect to outbox.database.  If the previous attempt failed (the flag in
- * shared memory is still set), the database probably does not exist: then
- * wait for it without a database connection instead of failing again every
- * few seconds.
- */
-static void
-connect_to_database(void)
-{
-	bool		missing = false;
-
-	if (outbox_shared != NULL)
-	{
-		SpinLockAcquire(&outbox_shared->mutex);
-		missing = outbox_shared->database_missing;
-		outbox_shared->database_missing = true;
-		SpinLockRelease(&outbox_shared->mutex);
-	}
-	if (missing)
-		wait_for_database();
-
-	/* a FATAL error here leaves database_missing set for the next start */
-	BackgroundWorkerInitializeConnection(outbox_database,
-										 outbox_role[0] != '\0' ? outbox_role : NULL,
-										 0);
-
-	if (outbox_shared != NULL)
-	{
-		SpinLockAcquire(&outbox_shared->mutex);
-		outbox_shared->database_missing = false;
-		SpinLockRelease(&outbox_shared->mutex);
-	}
-}
-
-/*
- * The row of a shared catalog (pg_database, pg_authid) whose name column
- * equals name, copied, or NULL.  A worker without a database connection
- * can read shared catalogs, but only their heaps: the relcache entries of
- * their indexes may have to be read from pg_class, which needs a database
- * ("cannot read pg_class without having selected a database"), until some
- * backend has written the shared relcache init file.  Call in a
- * transaction.
- */
-static HeapTuple
-shared_catalog_row(Oid relid, Oid name_index, AttrNumber name_attnum,
-				   const char *name)
-{
-	Relation	rel;
-	SysScanDesc scan;
-	ScanKeyData key;
-	HeapTuple	tuple;
-
-	rel = table_open(relid, AccessShareLock);
-	ScanKeyInit(&key, name_attnum, BTEqualStrategyNumber, F_NAMEEQ,
-				CStringGetDatum(name));
-	scan = systable_beginscan(rel, name_index, false, NULL, 1, &key);
-	tuple = systable_getnext(scan);
-	if (HeapTupleIsValid(tuple))
-		tuple = heap_copytuple(tuple);
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return tuple;
-}
-
-/*
- * What keeps the relay from connecting to outbox.database as outbox.role,
- * in words for the log and outbox.status, or NULL if nothing does.  The
- * database must exist and accept connections (datallowconn is off e.g.
- * while a restore loads it); the role must exist and have LOGIN, which a
- * background worker's connection needs as much as a client's.  Call in a
- * transaction.
- */
-static const char *
-connection_obstacle(void)
-{
-	HeapTuple	tuple;
-
-	tuple = shared_catalog_row(DatabaseRelationId, DatabaseNameIndexId,
-							   Anum_pg_database_datname, outbox_database);
-	if (tuple == NULL)
-		return psprintf("database \"%s\" does not exist", outbox_database);
-	if (!((Form_pg_database) GETSTRUCT(tuple))->datallowconn)
-		return psprintf("database \"%s\" does not accept connections", outbox_database);
-	if (outbox_role[0] == '\0')
-		return NULL;
-
-	tuple = shared_catalog_row(AuthIdRelationId, AuthIdRolnameIndexId,
-							   Anum_pg_authid_rolname, outbox_role);
-	if (tuple == NULL)
-		return psprintf("role \"%s\" (outbox.role) does not exist", outbox_role);
-	if (!((Form_pg_authid) GETSTRUCT(tuple))->rolcanlogin)
-		return psprintf("role \"%s\" (outbox.role) is not permitted to log in", outbox_role);
-	return NULL;
-}
-
-/*
- * Wait, connected to no database, until outbox.database (and outbox.role,
- * if set) exist; then exit so that the postmaster starts a worker that
- * connects to them.  A connection refused for another reason (e.g. the role
- * may not log in) is retried every few seconds, each time with its FATAL
- * message, which says why.
- */
-static void
-wait_for_database(void)
-{
-	char	   *logged = NULL;
-
-	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
-	outbox_shared_register_worker();
-	outbox_enter_state(OUTBOX_STATE_WAITING_FOR_DATABASE, NULL);
-
-	for (;;)
-	{
-		const char *obstacle;
-
-		CHECK_FOR_INTERRUPTS();
-		StartTransactionCommand();
-		obstacle = connection_obstacle();
-		if (obstacle != NULL)
-			obstacle = MemoryContextStrdup(TopMemoryContext, obstacle);
-		CommitTransactionCommand();
-
-		if (obstacle == NULL)
-		{
-			SpinLockAcquire(&outbox_shared->mutex);
-			outbox_shared->database_missing = false;
-			SpinLockRelease(&outbox_shared->mutex);
-			ereport(LOG,
-					(errmsg("outbox relay can connect to database \"%s\" now, restarting to connect to it",
-							outbox_database)));
-			proc_exit(1);
-		}
-
-		/* log each new obstacle once; the status always shows the current one */
-		outbox_status_set_error(obstacle);
-		if (logged == NULL || strcmp(logged, obstacle) != 0)
-		{
-			ereport(LOG,
-					(errmsg("outbox relay is waiting: %s", obstacle),
-					 errdetail("It connects to database \"%s\"%s%s%s.", outbox_database,
-							   outbox_role[0] != '\0' ? " as role \"" : "",
-							   outbox_role, outbox_role[0] != '\0' ? "\"" : ""),
-					 errhint("Create the database, or the role with LOGIN, or change outbox.database or outbox.role and restart the server.")));
-			if (logged != NULL)
-				pfree(logged);
-			logged = (char *) obstacle;
-		}
-		else
-			pfree((char *) obstacle);
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 Max(outbox_poll_interval, 1000),
-						 outbox_wait_event(OUTBOX_WAIT_DATABASE));
-		ResetLatch(MyLatch);
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			outbox_reload_config_file();
-		}
-	}
 }
 
 /*
@@ -466,24 +299,17 @@ wait_out(long ms, OutboxWait wait, bool control_ends_it, uint32 control_seq)
 }
 
 /*
- * One pass of the loop.  Returns how long to sleep (ms) before the next
- * pass, or 0 to go on at once (a full batch: more is probably waiting).
+ * One pass of the loop: retention, a batch, and what the batch tells about
+ * Kafka.  Returns how long to sleep (ms) before the next pass, or 0 to go
+ * on at once (a full batch: more is probably waiting).
  */
 static long
 relay_step(void)
 {
-	static TimestampTz last_cleanup = 0;
-	static TimestampTz last_probe = 0;
 	OutboxBatchResult result;
-	TimestampTz now = GetCurrentTimestamp();
 
 	/* retention works whatever the state of Kafka */
-	if (TimestampDifferenceExceeds(last_cleanup, now,
-								   cleanup_failing ? CLEANUP_RETRY_MS : CLEANUP_INTERVAL_MS))
-	{
-		last_cleanup = now;
-		delete_expired_events();
-	}
+	outbox_relay_cleanup_if_due();
 
 	if (outbox_bootstrap_servers == NULL || outbox_bootstrap_servers[0] == '\0')
 	{
@@ -514,78 +340,10 @@ relay_step(void)
 		return outbox_poll_interval;
 	}
 
-	outbox_status_count(result.published, result.dead_lettered,
-						result.failed_permanent + result.failed_transient +
-						result.failed_unattributed);
-	if (result.first_error != NULL)
-		outbox_status_set_error(result.first_error);
-	if (result.dead_lettered > 0)
-		ereport(WARNING,
-				(errmsg("outbox relay marked %d event(s) failed: Kafka refused them %d time(s)",
-						result.dead_lettered, outbox_max_attempts),
-				 errdetail("First error of this batch: %s", result.first_error),
-				 errhint("Failed events keep their rows (failed_at is set); SELECT outbox.retry_failed() requeues them.%s",
-						 outbox_on_failed_event == OUTBOX_ON_FAILED_HOLD ?
-						 " Later events of their aggregates wait behind them (outbox.on_failed_event = hold)." : "")));
-	if (result.overtaken > 0)
-		ereport(WARNING,
-				(errmsg("outbox relay: %d event(s) were acknowledged after an earlier event of the same aggregate failed",
-						result.overtaken),
-				 errdetail("First failure: %s", result.first_error)));
-
+	report_batch(&result);
 	if (result.fatal)
-	{
-		rd_kafka_resp_err_t code;
-		char	   *error = outbox_producer_fatal_error(producer, &code);
-
-		/*
-		 * A refused event stops the producer on purpose (gapless guarantee,
-		 * see producer.c); the refusal is recorded on the event, so this is
-		 * routine.  Anything else is worth a WARNING.
-		 */
-		ereport(code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? DEBUG1 : WARNING,
-				(errmsg("outbox relay: Kafka producer failed fatally, creating a new one"),
-				 errdetail("%s", error ? error : "unknown error"),
-				 errhint("Events not acknowledged stay unpublished and are sent again.")));
-		if (code != RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE)
-			outbox_status_set_error(error ? error : "fatal producer error");
-		outbox_producer_destroy(producer);
-		producer = NULL;
-		return code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? 0 : 1000;
-	}
-
-	/*
-	 * What does this batch tell us about the broker?  Any transient failure
-	 * means trouble, even if part of the batch was acknowledged before it
-	 * began; only a batch without one, or an answer to a probe, means Kafka
-	 * is reachable again.
-	 */
-	if (result.failed_transient > 0 || result.aborted)
-		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN,
-						   result.first_error ? result.first_error : producer->last_error_text);
-	else if (result.published > 0)
-	{
-		outbox_enter_state(OUTBOX_STATE_PUBLISHING, NULL);
-		producer->cause_text[0] = '\0';
-	}
-	else if (producer->all_brokers_down &&
-			 outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
-	{
-		/* librdkafka also says this when an idle connection is closed */
-		if (!outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
-			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
-		last_probe = GetCurrentTimestamp();
-	}
-	else if (outbox_relay_state() == OUTBOX_STATE_BROKER_DOWN && result.claimed == 0 &&
-			 TimestampDifferenceExceeds(last_probe, GetCurrentTimestamp(), PROBE_INTERVAL_MS))
-	{
-		if (outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
-			outbox_enter_state(OUTBOX_STATE_IDLE, NULL);
-		last_probe = GetCurrentTimestamp();
-	}
-	else if (outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
-		outbox_enter_state(result.claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
-	producer->all_brokers_down = false;
+		return rebuild_failed_producer();
+	update_broker_state(&result);
 
 	/*
 	 * More is probably waiting after a full batch, and after any progress
@@ -599,47 +357,96 @@ relay_step(void)
 }
 
 /*
- * Delete the published events retention no longer keeps.  Its failure (the
- * relay's role may lack DELETE, say) must not stop publishing, which does
- * not need it: it is logged once as a WARNING, shown as the status' last
- * error, and retried every CLEANUP_RETRY_MS until it works again.
+ * Add a batch's counts to outbox.status, record its first error there, and
+ * warn about the events it marked failed and those acknowledged after an
+ * earlier event of their aggregate failed.
  */
 static void
-delete_expired_events(void)
+report_batch(const OutboxBatchResult *result)
 {
-	MemoryContext cxt = CurrentMemoryContext;
+	outbox_status_count(result->published, result->dead_lettered,
+						result->failed_permanent + result->failed_transient +
+						result->failed_unattributed);
+	if (result->first_error != NULL)
+		outbox_status_set_error(result->first_error);
+	if (result->dead_lettered > 0)
+		ereport(WARNING,
+				(errmsg("outbox relay marked %d event(s) failed: Kafka refused them %d time(s)",
+						result->dead_lettered, outbox_max_attempts),
+				 errdetail("First error of this batch: %s", result->first_error),
+				 errhint("Failed events keep their rows (failed_at is set); SELECT outbox.retry_failed() requeues them.%s",
+						 outbox_on_failed_event == OUTBOX_ON_FAILED_HOLD ?
+						 " Later events of their aggregates wait behind them (outbox.on_failed_event = hold)." : "")));
+	if (result->overtaken > 0)
+		ereport(WARNING,
+				(errmsg("outbox relay: %d event(s) were acknowledged after an earlier event of the same aggregate failed",
+						result->overtaken),
+				 errdetail("First failure: %s", result->first_error)));
+}
 
-	PG_TRY();
+/*
+ * The producer failed fatally during the batch: say why, drop it, and
+ * return how long to sleep (ms) before the next pass builds a new one.
+ */
+static long
+rebuild_failed_producer(void)
+{
+	rd_kafka_resp_err_t code;
+	char	   *error = outbox_producer_fatal_error(producer, &code);
+
+	/*
+	 * A refused event stops the producer on purpose (gapless guarantee,
+	 * see kafka_config.c); the refusal is recorded on the event, so this is
+	 * routine.  Anything else is worth a WARNING.
+	 */
+	ereport(code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? DEBUG1 : WARNING,
+			(errmsg("outbox relay: Kafka producer failed fatally, creating a new one"),
+			 errdetail("%s", error ? error : "unknown error"),
+			 errhint("Events not acknowledged stay unpublished and are sent again.")));
+	if (code != RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE)
+		outbox_status_set_error(error ? error : "fatal producer error");
+	outbox_producer_destroy(producer);
+	producer = NULL;
+	return code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? 0 : 1000;
+}
+
+/*
+ * What does this batch tell us about the broker?  Any transient failure
+ * means trouble, even if part of the batch was acknowledged before it
+ * began; only a batch without one, or an answer to a probe, means Kafka
+ * is reachable again.
+ */
+static void
+update_broker_state(const OutboxBatchResult *result)
+{
+	static TimestampTz last_probe = 0;
+
+	if (result->failed_transient > 0 || result->aborted)
+		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN,
+						   result->first_error ? result->first_error : producer->last_error_text);
+	else if (result->published > 0)
 	{
-		(void) outbox_relay_cleanup();
-		if (cleanup_failing)
-			ereport(LOG,
-					(errmsg("outbox relay deletes published events again")));
-		cleanup_failing = false;
+		outbox_enter_state(OUTBOX_STATE_PUBLISHING, NULL);
+		producer->cause_text[0] = '\0';
 	}
-	PG_CATCH();
+	else if (producer->all_brokers_down &&
+			 outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
 	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		MemoryContextSwitchTo(cxt);
-		pgstat_report_activity(STATE_IDLE, NULL);
-
-		if (!cleanup_failing)
-			ereport(WARNING,
-					(errcode(edata->sqlerrcode),
-					 errmsg("outbox relay cannot delete published events: %s", edata->message),
-					 errdetail("Publishing goes on; published events older than outbox.retention stay in outbox.events until this is fixed. Retried every %d s.",
-							   CLEANUP_RETRY_MS / 1000),
-					 errhint("Grant the relay's role DELETE on outbox.events, or set outbox.retention = -1 to keep published events.")));
-		outbox_status_set_error(psprintf("cannot delete published events: %s", edata->message));
-		cleanup_failing = true;
-		FreeErrorData(edata);
+		/* librdkafka also says this when an idle connection is closed */
+		if (!outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
+			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
+		last_probe = GetCurrentTimestamp();
 	}
-	PG_END_TRY();
+	else if (outbox_relay_state() == OUTBOX_STATE_BROKER_DOWN && result->claimed == 0 &&
+			 TimestampDifferenceExceeds(last_probe, GetCurrentTimestamp(), PROBE_INTERVAL_MS))
+	{
+		if (outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
+			outbox_enter_state(OUTBOX_STATE_IDLE, NULL);
+		last_probe = GetCurrentTimestamp();
+	}
+	else if (outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
+		outbox_enter_state(result->claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
+	producer->all_brokers_down = false;
 }
 
 /*
