@@ -100,7 +100,7 @@ echo "committed orders with an event in this run: $committed"
 step "6/6 what arrived in Kafka (topic outbox.event.order)"
 psql -X -c "SELECT state, pending, published, last_error FROM outbox.status"
 in_kafka=$(kcat -C -b "$OUTBOX_KAFKA" -t outbox.event.order -o beginning -e -q -f 'x\n' 2>/dev/null | wc -l)
-echo "messages in the topic (all runs): $in_kafka; published events still kept in outbox.events (for outbox.retention): $(psql -X -tAc 'SELECT count(*) FROM outbox.events WHERE published_at IS NOT NULL')"
+echo "messages in the topic (all runs): $in_kafka; published events still kept in outbox.events (for outbox.retention): $(psql -X -tAc 'SELECT count(*) FROM outbox.events e WHERE outbox.published(e)')"
 echo
 echo "the last 3 messages (partition, offset, key, headers, payload):"
 kcat -C -b "$OUTBOX_KAFKA" -t outbox.event.order -o -1 -e -q \
