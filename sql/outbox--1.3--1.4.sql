@@ -114,17 +114,25 @@ SELECT w.database,
                  FROM outbox.events AS r
                 WHERE r.published_at IS NULL AND r.xid IS NULL
                UNION ALL
-               -- tracked by snapshot: above the id floor or late committers
+               -- tracked by snapshot and not covered by the relay's progress: above its id
+               -- floor (primary key), or at most the floor in a transaction its snapshot
+               -- showed running (events_xid_idx); each through an index, never the table
                SELECT NULL, s.created_at
                  FROM (SELECT p.* FROM outbox.relay_progress AS p
                         WHERE p.system_identifier =
                               (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)
                         ORDER BY p.id_floor DESC LIMIT 1) AS g
-                 JOIN outbox.events AS s
-                   ON s.id > g.id_floor
-                   OR s.xid = ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip(g.snapshot)))
-                WHERE s.xid IS NOT NULL
-                  AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot(s.xid, g.snapshot), false)
+                CROSS JOIN LATERAL (
+                      SELECT a.id, a.xid, a.created_at
+                        FROM outbox.events AS a
+                       WHERE a.id > g.id_floor AND a.xid IS NOT NULL
+                      UNION ALL
+                      SELECT b.id, b.xid, b.created_at
+                        FROM pg_catalog.pg_snapshot_xip(g.snapshot) AS x(xid)
+                        JOIN outbox.events AS b
+                          ON b.xid = x.xid AND b.xid IS NOT NULL AND b.id <= g.id_floor
+                     ) AS s
+                WHERE NOT COALESCE(pg_catalog.pg_visible_in_snapshot(s.xid, g.snapshot), false)
                   AND NOT COALESCE(s.id <= g.batch_last_id
                                    AND pg_catalog.pg_visible_in_snapshot(s.xid, g.batch_snapshot), false)
               ) AS e) AS p;

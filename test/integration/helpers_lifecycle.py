@@ -116,8 +116,10 @@ def server_crashes(lines: List[str]) -> List[str]:
 class Emitter(threading.Thread):
     """Emits one event per transaction, aggregates round robin, until stop().
 
-    Records every committed event as (event_id, aggregate_id, seq, phase, commit time) with the
-    phase the test had set when the commit returned; a failing emit (e.g. extension dropped) is counted
+    Records every committed event as (event_id, aggregate_id, seq, phase, commit time, phase at
+    start) with the phase the test had set when the commit returned, and when the emit began (a
+    thread starved on a busy machine can see the commit return after the next phase was set);
+    a failing emit (e.g. extension dropped) is counted
     and retried, so seq numbers of an aggregate are gap-free over committed events."""
 
     def __init__(self, env: Env, agg_type: str, n_aggregates: int, tag: str,
@@ -137,6 +139,7 @@ class Emitter(threading.Thread):
         try:
             while not self._stop_evt.is_set():
                 agg_id = f"{self.tag}-{k % self.n}"
+                started = self.phase
                 try:
                     with conn.cursor() as cur:
                         eid = emit(cur, self.agg_type, agg_id, "it.lifecycle",
@@ -151,7 +154,7 @@ class Emitter(threading.Thread):
                 seqs[agg_id] += 1
                 k += 1
                 with self._lock:
-                    self.committed.append((eid, agg_id, seqs[agg_id], self.phase, time.time()))
+                    self.committed.append((eid, agg_id, seqs[agg_id], self.phase, time.time(), started))
                 if self.pause:
                     time.sleep(self.pause)
         finally:
