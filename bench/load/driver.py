@@ -447,7 +447,7 @@ class Bench:
                 stop.wait(0.1)
 
     def set_relay_mode(self, mode):
-        """outbox.relay_mode (1.4): 'row' or 'snapshot'; None resets it (row)."""
+        """outbox.relay_mode (1.4): 'row' or 'snapshot'; None resets it (snapshot, the default)."""
         if not self.has_relay_mode:
             return
         if mode is None:
@@ -457,7 +457,7 @@ class Bench:
         self.q("SELECT pg_reload_conf()")
         time.sleep(1.5)
 
-    def ext_drain(self, label, retention, truncate=True, mode=None):
+    def ext_drain(self, label, retention, truncate=True, mode="row"):
         agg = "bench_drain_%s" % label
         topic = "outbox.event." + agg
         by_snapshot = mode == "snapshot"
