@@ -21,7 +21,18 @@
 #   BENCH_DBZ_POLL_MS       10        Debezium poll.interval.ms in the latency run (its default 500 in the drain)
 #   BENCH_LAT_BATCH_CONSUMER 0        1: section 3 also runs the Python consumer as it was before 2026-12
 #                                     (consume(1000, 0.05)), to show what its batch window costs
-#   BENCH_SECTIONS          1,2a,2b,2c,3   which sections to run (2a includes section 4)
+#   BENCH_SECTIONS          1,2a,2b,2c,3,5   which sections to run (2a includes section 4)
+#   BENCH_STEADY_EVENTS     5000000   section 5: events emitted at a steady rate, relay publishing
+#   BENCH_STEADY_RATE       20000     section 5: events per second (BENCH_STEADY_BATCH per commit)
+#   BENCH_STEADY_BATCH      1000      section 5: events per transaction (one emit() statement)
+#   BENCH_STEADY_CONNECTIONS 2        section 5: loader connections sharing one schedule
+#   BENCH_STEADY_SAMPLE_SECONDS 10    section 5: sampling interval of the table's size
+#   BENCH_STEADY_CASES      snapshot,snapshot:autovacuum_naptime=10s,snapshot:autovacuum_naptime=5s,row
+#                                     section 5: comma-separated cases, each run on a fresh table:
+#                                     row|snapshot[:key=value...], key = a storage parameter of
+#                                     outbox.events (fillfactor, autovacuum_vacuum_threshold, ...),
+#                                     autovacuum_naptime (server, reload), retention (s), or
+#                                     vacuum_every (s: the bench runs VACUUM outbox.events itself)
 #   BENCH_MAX_OTHER_CORES   0.5       before each section: wait while other processes use more
 #   BENCH_QUIET_WAIT        60        ... but at most this many seconds (then run, and record it)
 #   BENCH_KEEP              0         1: leave both servers running (and their data) at the end
@@ -31,7 +42,9 @@
 #   OUTBOX_KAFKA_DIR /tmp/outbox-bench-kafka, OUTBOX_KAFKA_HEAP 1g
 #
 # Quick smoke run (a few minutes):
-#   BENCH_EVENTS=50000 BENCH_PGBENCH_SECONDS=5 BENCH_LATENCY_SECONDS=10 bench/run.sh
+#   BENCH_EVENTS=50000 BENCH_PGBENCH_SECONDS=5 BENCH_LATENCY_SECONDS=10 BENCH_STEADY_EVENTS=200000 bench/run.sh
+# Section 5 alone (needs no Debezium build):
+#   BENCH_SECTIONS=5 bench/run.sh
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,8 +70,17 @@ die() { printf 'bench: ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ------------------------------------------------------------------ prerequisites
 command -v pgbench >/dev/null || die "pgbench not found (postgresql-contrib / postgresql-client-15)"
-command -v mvn >/dev/null || die "mvn not found (apt-get install -y maven)"
-[[ -x "$JAVA_HOME/bin/java" ]] || die "no Java 17 at $JAVA_HOME"
+# Debezium (Java, Maven) only for the sections that run it: 2b, and 3 unless BENCH_LAT_SYSTEMS leaves it out
+SECTIONS=",${BENCH_SECTIONS:-1,2a,2b,2c,3,5},"
+SECTIONS=${SECTIONS// /}
+NEED_DBZ=0
+if [[ "$SECTIONS" == *",2b,"* ]] || { [[ "$SECTIONS" == *",3,"* ]] && [[ ",${BENCH_LAT_SYSTEMS:-ext,dbz,poller}," == *",dbz,"* ]]; }; then
+    NEED_DBZ=1
+fi
+if [[ $NEED_DBZ == 1 ]]; then
+    command -v mvn >/dev/null || die "mvn not found (apt-get install -y maven)"
+    [[ -x "$JAVA_HOME/bin/java" ]] || die "no Java 17 at $JAVA_HOME"
+fi
 "$PY" -c 'import psycopg, confluent_kafka' 2>/dev/null \
     || die "$PY needs psycopg 3 and confluent_kafka (apt-get install -y python3-psycopg python3-confluent-kafka)"
 [[ -f "$(pg_config --pkglibdir)/outbox.so" ]] || die "the outbox extension is not installed (make install)"
@@ -95,7 +117,7 @@ stop_servers() {
 }
 
 mkdir -p "$BENCH_WORK_DIR"
-build_debezium
+if [[ $NEED_DBZ == 1 ]]; then build_debezium; fi
 # section 3's low-overhead consumer (librdkafka, like the relay)
 cc -O2 -Wall -o "$BENCH_WORK_DIR/lat_consumer" "$BENCH_DIR/load/lat_consumer.c" -lrdkafka \
     || die "cannot build bench/load/lat_consumer.c (librdkafka-dev)"

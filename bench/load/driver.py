@@ -7,6 +7,8 @@ Sections (see bench/README.md):
   2  relay drain of a committed backlog: this extension, Debezium embedded, a Python poller
   3  commit-to-consumer latency at a steady rate, for the same three
   4  outbox table growth around the extension's drains (retention 0 and 60 s)
+  5  outbox table size under a steady load (BENCH_STEADY_RATE events/s with the relay publishing
+     and the retention deleting), sampled every 10 s: (heap + indexes) / rows still retained
 """
 
 import csv
@@ -62,6 +64,15 @@ RELAY_KAFKA_PROPERTIES = env_str("BENCH_RELAY_KAFKA_PROPERTIES", "")
 # database, the relay restarted to read it; the load generator keeps on through PGOPTIONS): how much
 # of the latency is the relay's commit flush
 LAT_RELAY_ASYNC_COMMIT = env_int("BENCH_LAT_RELAY_ASYNC_COMMIT", 0)
+# section 5: the table under a steady load (events at a steady rate with the relay publishing and
+# the retention deleting), sampled every BENCH_STEADY_SAMPLE_SECONDS, once per case
+STEADY_EVENTS = env_int("BENCH_STEADY_EVENTS", 5000000)
+STEADY_RATE = env_int("BENCH_STEADY_RATE", 20000)
+STEADY_BATCH = env_int("BENCH_STEADY_BATCH", 1000)
+STEADY_CONNECTIONS = env_int("BENCH_STEADY_CONNECTIONS", 2)
+STEADY_SAMPLE_SECONDS = env_int("BENCH_STEADY_SAMPLE_SECONDS", 10)
+STEADY_CASES = env_str("BENCH_STEADY_CASES", "snapshot,snapshot:autovacuum_naptime=10s,snapshot:autovacuum_naptime=5s,row")
+STEADY_TARGET = 1.5
 WORK = env_str("BENCH_WORK_DIR", "/tmp/outbox-bench-work")
 RESULTS = env_str("BENCH_RESULTS_DIR", os.path.join(BENCH, "results"))
 MAX_OTHER_CORES = float(env_str("BENCH_MAX_OTHER_CORES", "0.5"))
@@ -94,7 +105,9 @@ class Bench:
             "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "params": {"events": EVENTS, "poller_events": POLLER_EVENTS, "aggregates": AGGREGATES, "pgbench_seconds": PGBENCH_SECONDS, "pgbench_rounds": PGBENCH_ROUNDS,
                        "latency_seconds": LATENCY_SECONDS, "rate": RATE,
-                       "warmup_seconds": WARMUP_SECONDS, "pgbench_clients": 8},
+                       "warmup_seconds": WARMUP_SECONDS, "pgbench_clients": 8,
+                       "steady_events": STEADY_EVENTS, "steady_rate": STEADY_RATE, "steady_batch": STEADY_BATCH,
+                       "steady_connections": STEADY_CONNECTIONS, "steady_cases": STEADY_CASES},
             "sections": {},
             "quiet_checks": [],
             "notes": [],
@@ -324,12 +337,26 @@ class Bench:
         a, b = shape("outbox.events"), shape("bench_plain")
         if a != b:
             raise RuntimeError("bench_plain is not equivalent to outbox.events:\n%s\n%s" % (a, b))
+        partial = sum(1 for d, _, _ in a[1] if " WHERE " in d)
         self.res["notes"].append("bench_plain = CREATE TABLE (LIKE outbox.events INCLUDING ALL): columns, "
-                                 "defaults, identity ALWAYS and the 4 indexes (2 partial) checked equal")
+                                 "defaults, identity ALWAYS and the %d indexes (%d partial) checked equal"
+                                 % (len(a[1]), partial))
 
     # ------------------------------------------------------------------ section 1
 
-    def pgbench(self, name, script):
+    # section 1's pgbench runs: name -> (script, outbox.relay_mode for the run, table the event goes to)
+    PGBENCH_RUNS = {
+        "emit": ("emit.sql", "row", "outbox.events"),
+        "plain": ("plain.sql", None, "bench_plain"),
+        "order": ("order.sql", None, None),
+        "emit_snapshot": ("emit.sql", "snapshot", "outbox.events"),
+        "plain_xid": ("plain_xid.sql", None, "bench_plain"),
+    }
+
+    def pgbench(self, name):
+        script, mode, table = self.PGBENCH_RUNS[name]
+        if mode is not None:
+            self.set_relay_mode(mode)
         self.q("TRUNCATE bench_orders, bench_plain, outbox.events")
         self.q("CHECKPOINT")
         quiet = self.quiet_check("1-" + name)
@@ -346,31 +373,46 @@ class Bench:
         txns = int(re.search(r"number of transactions actually processed: (\d+)", p.stdout).group(1))
         lat = re.search(r"latency average = ([\d.]+) ms", p.stdout)
         orders = self.q1("SELECT count(*) FROM bench_orders")
-        events = {"emit": self.q1("SELECT count(*) FROM outbox.events"),
-                  "plain": self.q1("SELECT count(*) FROM bench_plain"), "order": 0}[name]
-        if orders != txns or (name != "order" and events != txns):
+        events = self.q1("SELECT count(*) FROM %s" % table) if table else 0
+        if orders != txns or (table and events != txns):
             raise RuntimeError("section 1 %s: %d transactions but %d orders / %d events"
                                % (name, txns, orders, events))
-        log("  %-5s %8.1f tps  (cpu: pg %.1fs relay %.1fs other %.2f cores)"
+        with_xid = None
+        if table and self.has_relay_mode:
+            # the mode took effect: every event of a snapshot run carries its xid, none of a row run
+            with_xid = self.q1("SELECT count(*) FROM %s WHERE xid IS NOT NULL" % table)
+            want = txns if (mode == "snapshot" or name == "plain_xid") else 0
+            if with_xid != want:
+                raise RuntimeError("section 1 %s: %d of %d events carry an xid, expected %d"
+                                   % (name, with_xid, txns, want))
+        log("  %-13s %8.1f tps  (cpu: pg %.1fs relay %.1fs other %.2f cores)"
             % (name, tps, cpu["postgres"], cpu["relay"], cpu["other_cores"]))
-        return {"tps": round(tps, 1), "transactions": txns,
+        return {"tps": round(tps, 1), "transactions": txns, "relay_mode": mode,
+                "events_with_xid": with_xid,
                 "latency_ms": float(lat.group(1)) if lat else None, "cpu": cpu, "quiet": quiet}
 
     def section1(self):
-        log("section 1: emit cost (pgbench, 8 clients, %d s each, %d interleaved rounds)"
-            % (PGBENCH_SECONDS, PGBENCH_ROUNDS))
+        names = ["emit", "plain", "order"]
+        if self.has_relay_mode:
+            names += ["emit_snapshot", "plain_xid"]
+        log("section 1: emit cost (pgbench, 8 clients, %d s each, %d interleaved rounds of %s)"
+            % (PGBENCH_SECONDS, PGBENCH_ROUNDS, ", ".join(names)))
         self.pause()
         # unmeasured warm-up of each script (caches, plans, the first checkpoint after setup)
-        for script in ("emit.sql", "plain.sql", "order.sql"):
+        for name in names:
+            script, mode, _ = self.PGBENCH_RUNS[name]
+            if mode is not None:
+                self.set_relay_mode(mode)
             subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", "8", "-j", "2", "-T", "2",
                             "-D", "aggregates=%d" % AGGREGATES, "-f", os.path.join(BENCH, "sql", script)],
                            capture_output=True, text=True, check=True)
-        runs = {"emit": [], "plain": [], "order": []}
-        # interleaved (a, b, c, a, b, c, ...): other users' load hits all three alike; noise only
+        runs = {n: [] for n in names}
+        # interleaved (a, b, c, a, b, c, ...): other users' load hits all of them alike; noise only
         # ever slows a run down, so the best round of each is reported
         for _ in range(PGBENCH_ROUNDS):
-            for name, script in (("emit", "emit.sql"), ("plain", "plain.sql"), ("order", "order.sql")):
-                runs[name].append(self.pgbench(name, script))
+            for name in names:
+                runs[name].append(self.pgbench(name))
+        self.set_relay_mode(None)
         self.q("TRUNCATE bench_orders, bench_plain, outbox.events")
         out = {}
         for name, rs in runs.items():
@@ -380,6 +422,14 @@ class Bench:
         out["rounds"] = PGBENCH_ROUNDS
         out["cost_emit_vs_plain"] = round(out["plain"]["tps"] / out["emit"]["tps"], 3)
         out["cost_emit_vs_order"] = round(out["order"]["tps"] / out["emit"]["tps"], 3)
+        if "emit_snapshot" in out:
+            # snapshot mode: against the plain INSERT of the same row, xid included
+            out["cost_emit_snapshot_vs_plain_xid"] = round(out["plain_xid"]["tps"] / out["emit_snapshot"]["tps"], 3)
+            out["cost_emit_snapshot_vs_plain"] = round(out["plain"]["tps"] / out["emit_snapshot"]["tps"], 3)
+            out["cost_emit_snapshot_vs_order"] = round(out["order"]["tps"] / out["emit_snapshot"]["tps"], 3)
+        log("  emit() cost: row mode %.3f x the plain INSERT%s" % (
+            out["cost_emit_vs_plain"], "; snapshot mode %.3f x the plain INSERT with xid" %
+            out["cost_emit_snapshot_vs_plain_xid"] if "emit_snapshot" in out else ""))
         self.res["sections"]["1_emit_cost"] = out
 
     # ------------------------------------------------------------------ section 2a + 4
@@ -397,7 +447,7 @@ class Bench:
                 stop.wait(0.1)
 
     def set_relay_mode(self, mode):
-        """outbox.relay_mode (1.4): 'row' or 'snapshot'; None resets it (row)."""
+        """outbox.relay_mode (1.4): 'row' or 'snapshot'; None resets it (snapshot, the default)."""
         if not self.has_relay_mode:
             return
         if mode is None:
@@ -407,7 +457,7 @@ class Bench:
         self.q("SELECT pg_reload_conf()")
         time.sleep(1.5)
 
-    def ext_drain(self, label, retention, truncate=True, mode=None):
+    def ext_drain(self, label, retention, truncate=True, mode="row"):
         agg = "bench_drain_%s" % label
         topic = "outbox.event." + agg
         by_snapshot = mode == "snapshot"
@@ -915,11 +965,341 @@ class Bench:
         except Exception as e:
             log("could not drop the Debezium slot: %s" % e)
 
+    # ------------------------------------------------------------------ section 5
+
+    # case options that are server settings (ALTER SYSTEM + reload) rather than storage
+    # parameters of outbox.events; vacuum_every = N: the bench itself runs VACUUM outbox.events
+    # every N s (what a relay that vacuums after its deletes would do); retention = N:
+    # outbox.retention for the case
+    STEADY_SERVER_SETTINGS = ("autovacuum_naptime", "autovacuum_work_mem", "maintenance_work_mem",
+                              "autovacuum_vacuum_cost_limit", "vacuum_cost_limit")
+
+    def steady_case(self, spec):
+        """'mode[:key=value...]', e.g. 'snapshot', 'snapshot:autovacuum_naptime=10s',
+        'snapshot:fillfactor=90:autovacuum_vacuum_threshold=1000', 'row'."""
+        parts = [x.strip() for x in spec.split(":") if x.strip()]
+        if not parts or parts[0] not in ("row", "snapshot"):
+            raise RuntimeError("BENCH_STEADY_CASES: %r must start with row or snapshot" % spec)
+        case = {"spec": spec, "mode": parts[0], "table": {}, "server": {}, "vacuum_every": None,
+                "retention": None}
+        for opt in parts[1:]:
+            if "=" not in opt:
+                raise RuntimeError("BENCH_STEADY_CASES: %r in %r is not key=value" % (opt, spec))
+            k, v = [x.strip() for x in opt.split("=", 1)]
+            if k == "vacuum_every":
+                case["vacuum_every"] = float(v)
+            elif k == "retention":
+                case["retention"] = int(v)
+            elif k in self.STEADY_SERVER_SETTINGS:
+                case["server"][k] = v
+            elif re.match(r"^[a-z_.]+$", k) and re.match(r"^[0-9A-Za-z_.]+$", v):
+                case["table"][k] = v
+            else:
+                raise RuntimeError("BENCH_STEADY_CASES: bad option %r" % opt)
+        return case
+
+    def steady_sample(self, t0, phase, exact=False):
+        """One sample of outbox.events.  Retained rows = max(id) - min(id) + 1 of the rows a fresh
+        snapshot sees (two probes of the primary key; the retention deletes the oldest ids first
+        and the loader's ids have no gaps), their size = that count x the average
+        pg_column_size(e.*) (each row's tuple: 24-byte header + data, without line pointer or
+        page overhead) of the newest 10,000 rows.  exact: also count(*) and sum(pg_column_size)
+        over the whole table (a full scan: seconds on this machine, so only at the end).  The
+        sizes are read after the row figures: they only grow, so the ratio errs high."""
+        t_sample = t = time.time()
+        lo, hi = self.q("SELECT min(id), max(id) FROM outbox.events")[0]
+        rows = (hi - lo + 1) if lo is not None else 0
+        avg = self.q1("SELECT avg(pg_column_size(e.*))::float8 FROM"
+                      " (SELECT * FROM outbox.events ORDER BY id DESC LIMIT 10000) AS e") or 0.0
+        row_bytes = int(rows * avg)
+        scan_ms = (time.time() - t) * 1000.0
+        ex = None
+        if exact:
+            t = time.time()
+            n, b = self.q("SELECT count(*), coalesce(sum(pg_column_size(e.*)), 0)::bigint FROM outbox.events AS e")[0]
+            ex = {"rows": n, "row_bytes": int(b), "scan_ms": round((time.time() - t) * 1000.0, 1)}
+        r = self.q("""SELECT pg_relation_size(c.oid), pg_table_size(c.oid), pg_indexes_size(c.oid),
+                             pg_total_relation_size(c.oid), s.n_live_tup, s.n_dead_tup,
+                             s.autovacuum_count, s.vacuum_count
+                        FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+                       WHERE c.oid = 'outbox.events'::regclass""")[0]
+        idx = {k: v for k, v in self.q(
+            "SELECT c.relname, pg_relation_size(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'outbox.events'::regclass"
+            " ORDER BY c.relname")}
+        st = self.q("SELECT pending, extract(epoch FROM oldest_pending_age)::float8, published FROM outbox.status")
+        vac = self.q("SELECT phase FROM pg_stat_progress_vacuum WHERE relid = 'outbox.events'::regclass")
+        total = r[3]
+        out = {"t": round(t_sample - t0, 1), "phase": phase, "heap_bytes": r[0], "table_bytes": r[1],
+               "index_bytes": r[2], "total_bytes": total, "indexes": idx, "n_live_tup": r[4],
+               "n_dead_tup": r[5], "autovacuum_count": r[6], "vacuum_count": r[7],
+               "rows": rows, "avg_row_bytes": round(avg, 1), "row_bytes": row_bytes, "probe_ms": round(scan_ms, 1),
+               "ratio": round(total / float(row_bytes), 3) if rows >= 10000 else None,
+               "pending": st[0][0] if st else None,
+               "oldest_pending_s": round(st[0][1], 2) if st and st[0][1] is not None else None,
+               "published": st[0][2] if st else None,
+               "vacuum_phase": vac[0][0] if vac else None}
+        if ex is not None:
+            out["exact"] = ex
+            out["exact_ratio"] = round(total / float(ex["row_bytes"]), 3) if ex["rows"] >= 10000 else None
+        return out
+
+    def vacuum_log(self, since, until):
+        """The server log's VACUUM reports of outbox.events (log_autovacuum_min_duration = 0 during
+        section 5; the bench's own VACUUMs are not logged): start time, tuples removed, remaining,
+        dead but not yet removable, elapsed seconds."""
+        path = os.path.join(env_str("OUTBOX_PG_DIR", "/tmp/outbox-bench-pg"), "server.log")
+        out = []
+        try:
+            text = open(path, errors="replace").read()
+        except OSError:
+            return out
+        for m in re.finditer(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \w+) \[\d+\] [^\n]*automatic vacuum of table "
+                             r"\"[^\"]*\.outbox\.events\"(.*?)elapsed: ([\d.]+) s", text, re.S | re.M):
+            try:
+                ts = datetime.datetime.strptime(m.group(1)[:23], "%Y-%m-%d %H:%M:%S.%f").replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+            except ValueError:
+                continue
+            end_ts = ts
+            body = m.group(2)
+            tup = re.search(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable", body)
+            scans = re.search(r"index scans: (\d+)", body)
+            el = float(m.group(3))
+            if not m.group(1).endswith(("UTC", "GMT")):     # the server logs local time
+                ts = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + float(m.group(1)[19:23] or 0)
+                end_ts = ts
+            if not (since <= end_ts <= until):
+                continue
+            out.append({"ended_at": round(end_ts - since, 1), "elapsed_s": el,
+                        "removed": int(tup.group(1)) if tup else None, "remain": int(tup.group(2)) if tup else None,
+                        "not_yet_removable": int(tup.group(3)) if tup else None,
+                        "index_scans": int(scans.group(1)) if scans else None})
+        return out
+
+    def steady_vacuum(self, every, stop, log_):
+        """vacuum_every: VACUUM outbox.events every `every` s (own connection, no cost delay)."""
+        with psycopg.connect(common.pg_conninfo(), autocommit=True) as c:
+            nxt = time.time() + every
+            while not stop.wait(max(0.0, nxt - time.time())):
+                t = time.time()
+                c.execute("VACUUM outbox.events")
+                log_.append(round(time.time() - t, 2))
+                nxt = max(nxt + every, time.time())
+
+    def steady_run(self, n, case):
+        label = "5-%d-%s" % (n, case["mode"])
+        agg = "bench_steady_%d" % n
+        topic = "outbox.event." + agg
+        self.pause()
+        self.set_retention(case["retention"])
+        self.set_relay_mode(case["mode"])
+        orig = self.q1("SELECT reloptions FROM pg_class WHERE oid = 'outbox.events'::regclass") or []
+        orig = dict(o.split("=", 1) for o in orig)
+        if case["table"]:
+            self.q("ALTER TABLE outbox.events SET (%s)" % ", ".join("%s = %s" % kv for kv in case["table"].items()))
+        for k, v in case["server"].items():
+            self.q("ALTER SYSTEM SET %s = '%s'" % (k, v))
+        if case["server"]:
+            self.q("SELECT pg_reload_conf()")
+            time.sleep(1.5)
+        try:
+            return self._steady_run(label, agg, topic, case, orig)
+        finally:
+            self.pause()
+            if case["table"]:
+                self.q("ALTER TABLE outbox.events RESET (%s)" % ", ".join(case["table"]))
+                back = {k: orig[k] for k in case["table"] if k in orig}
+                if back:
+                    self.q("ALTER TABLE outbox.events SET (%s)" % ", ".join("%s = %s" % kv for kv in back.items()))
+            for k in case["server"]:
+                self.q("ALTER SYSTEM RESET %s" % k)
+            if case["server"]:
+                self.q("SELECT pg_reload_conf()")
+            self.set_relay_mode(None)
+            self.set_retention(None)
+
+    def _steady_run(self, label, agg, topic, case, orig):
+        self.q("TRUNCATE outbox.events")
+        common.create_topic(topic)
+        settings = {
+            "outbox.relay_mode": self.q1("SHOW outbox.relay_mode") if self.has_relay_mode else "row",
+            "outbox.retention": self.q1("SHOW outbox.retention"),
+            "autovacuum": self.q1("SHOW autovacuum"),
+            "autovacuum_naptime": self.q1("SHOW autovacuum_naptime"),
+            "table reloptions": self.q1("SELECT reloptions FROM pg_class WHERE oid = 'outbox.events'::regclass"),
+        }
+        retention_s = int(self.q1("SELECT setting FROM pg_settings WHERE name = 'outbox.retention'"))
+        for k in case["server"]:
+            settings[k] = self.q1("SHOW %s" % k)
+        log("  [%s] %s: %d events at %d/s, %d per commit, %d connections; %s"
+            % (label, case["spec"], STEADY_EVENTS, STEADY_RATE, STEADY_BATCH, STEADY_CONNECTIONS,
+               ", ".join("%s=%s" % kv for kv in settings.items())))
+        self.q("CHECKPOINT")
+        quiet = self.quiet_check(label)
+        self.resume()
+        self.wait_for("relay running", lambda: self.relay_state() in ("idle", "publishing"), 30)
+        base = self.q("SELECT s.autovacuum_count, s.vacuum_count FROM pg_stat_user_tables s"
+                      " WHERE s.relid = 'outbox.events'::regclass")[0]
+        published0 = self.q1("SELECT published FROM outbox.worker_status()")
+        loader = subprocess.Popen([PY, os.path.join(HERE, "steady.py"), "--events", str(STEADY_EVENTS),
+                                   "--rate", str(STEADY_RATE), "--batch", str(STEADY_BATCH),
+                                   "--connections", str(STEADY_CONNECTIONS), "--aggregate-type", agg,
+                                   "--aggregates", str(AGGREGATES)],
+                                  stdout=subprocess.PIPE, text=True)
+        if loader.stdout.readline().strip() != "READY":
+            raise RuntimeError("steady loader did not start")
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(l.strip() for l in loader.stdout), daemon=True)
+        reader.start()
+        m = self.meter()
+        a = m.snap()
+        t0 = time.time()
+        stop = threading.Event()
+        vac_log = []
+        vac_thread = None
+        if case["vacuum_every"]:
+            vac_thread = threading.Thread(target=self.steady_vacuum, args=(case["vacuum_every"], stop, vac_log))
+            vac_thread.start()
+        samples = []
+
+        def peak_ratio(smps):
+            # the table against the most it has had to retain so far: when the loader falls behind
+            # (a busy machine) fewer rows are retained but the table keeps the size of the peak
+            z = smps[-1]
+            peak = max(x["row_bytes"] for x in smps)
+            z["peak_row_bytes"] = peak
+            z["peak_ratio"] = round(z["total_bytes"] / float(peak), 3) if z["ratio"] is not None else None
+
+        def progress():
+            p = [l for l in list(lines) if l.startswith("PROGRESS")]
+            return int(p[-1].split()[2]) if p else 0
+        try:
+            nxt = t0 + STEADY_SAMPLE_SECONDS
+            while loader.poll() is None:
+                while loader.poll() is None and time.time() < nxt:
+                    time.sleep(min(0.2, max(0.0, nxt - time.time())))
+                if loader.poll() is not None:
+                    break
+                smp = self.steady_sample(t0, "load")
+                smp["committed"] = progress()
+                samples.append(smp)
+                peak_ratio(samples)
+                log("  [%s] t=%5.0fs committed %8d, retained %8d rows %6.1f MB, heap %6.1f + idx %6.1f MB, "
+                    "ratio %s, dead %8d, autovacuums %d, pending %s (%s s)"
+                    % (label, smp["t"], smp["committed"], smp["rows"], smp["row_bytes"] / 1048576.0,
+                       smp["table_bytes"] / 1048576.0, smp["index_bytes"] / 1048576.0,
+                       "%.3f" % smp["ratio"] if smp["ratio"] else "-", smp["n_dead_tup"],
+                       smp["autovacuum_count"] - base[0], smp["pending"], smp["oldest_pending_s"]))
+                nxt = max(nxt + STEADY_SAMPLE_SECONDS, time.time() + 1.0)
+            t_load = time.time()
+            reader.join(10)
+            done = [l for l in lines if l.startswith("DONE")]
+            if loader.returncode != 0 or not done:
+                raise RuntimeError("steady loader failed (rc %s): %s" % (loader.returncode, lines[-3:]))
+            _, n_ev, l_secs, l_rate, l_maxlag, l_p99lag = done[-1].split()
+            smp = self.steady_sample(t0, "load end")
+            smp["committed"] = int(n_ev)
+            samples.append(smp)
+            peak_ratio(samples)
+            # the relay catches up; the retention has not yet deleted the last minute
+            timeout = max(900, STEADY_EVENTS / float(STEADY_RATE))
+            caught_up = None
+            while time.time() - t_load < timeout:
+                if self.q1("SELECT published FROM outbox.worker_status()") - published0 >= int(n_ev) \
+                        and self.q1("SELECT pending FROM outbox.status") == 0:
+                    caught_up = round(time.time() - t_load, 1)
+                    break
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            if vac_thread is not None:
+                vac_thread.join()
+            if loader.poll() is None:
+                loader.kill()
+                loader.wait()
+        cpu = m.delta(a, m.snap())
+        smp = self.steady_sample(t0, "relay caught up" if caught_up is not None else "relay NOT caught up",
+                                 exact=True)
+        smp["committed"] = int(n_ev)
+        samples.append(smp)
+        peak_ratio(samples)
+        in_topic = common.topic_message_count(topic)
+        published = self.q1("SELECT published FROM outbox.worker_status()") - published0
+        load_samples = [x for x in samples if x["phase"] in ("load", "load end") and x["ratio"] is not None]
+        mx = max(load_samples, key=lambda x: x["ratio"]) if load_samples else None
+        end = samples[-1]
+        rates = []
+        prog = [(float(l.split()[1]), int(l.split()[2])) for l in lines if l.startswith("PROGRESS")]
+        for (ta, na), (tb, nb) in zip(prog, prog[1:]):
+            if tb > ta:
+                rates.append((nb - na) / (tb - ta))
+        time.sleep(0.5)       # the log line of a VACUUM that just ended
+        autovac = self.vacuum_log(t0, time.time())
+        r = {"spec": case["spec"], "mode": case["mode"], "table_options": case["table"],
+             "server_settings": case["server"], "vacuum_every": case["vacuum_every"],
+             "settings": settings, "original_reloptions": orig,
+             "retention_s": retention_s,
+             # a steady state needs the retention to have been deleting for a while
+             "steady_state": float(l_secs) >= 2 * retention_s + 2 * STEADY_SAMPLE_SECONDS,
+             "events": int(n_ev), "offered_rate": STEADY_RATE, "batch": STEADY_BATCH,
+             "connections": STEADY_CONNECTIONS, "load_seconds": float(l_secs), "achieved_rate": float(l_rate),
+             "rate_per_second_min": round(min(rates[1:-1]), 1) if len(rates) > 2 else None,
+             "rate_per_second_max": round(max(rates[1:-1]), 1) if len(rates) > 2 else None,
+             "schedule_lag_max_s": float(l_maxlag), "schedule_lag_p99_s": float(l_p99lag),
+             "relay_caught_up_s": caught_up, "published": published, "messages_in_topic": in_topic,
+             "max_ratio": mx["ratio"] if mx else None, "max_ratio_t": mx["t"] if mx else None,
+             "max_peak_ratio": max((x["peak_ratio"] for x in load_samples if x.get("peak_ratio")), default=None),
+             "end_peak_ratio": end.get("peak_ratio"),
+             "end_ratio": end["ratio"], "within_target": bool(mx and mx["ratio"] <= STEADY_TARGET
+                                                                and end["ratio"] is not None
+                                                                and end["ratio"] <= STEADY_TARGET),
+             "max_total_bytes": max(x["total_bytes"] for x in samples),
+             "max_heap_bytes": max(x["heap_bytes"] for x in samples),
+             "max_pending": max((x["pending"] or 0) for x in samples if x["phase"] != "relay caught up"),
+             "max_oldest_pending_s": max((x["oldest_pending_s"] or 0) for x in samples
+                                         if x["phase"] != "relay caught up"),
+             "autovacuums": end["autovacuum_count"] - base[0], "autovacuum_base": base[0],
+             "autovacuum_log": autovac, "manual_vacuums": len(vac_log),
+             "manual_vacuum_seconds": vac_log, "max_probe_ms": max(x["probe_ms"] for x in samples),
+             "end_exact": end.get("exact"), "end_exact_ratio": end.get("exact_ratio"),
+             "runtime_s": round(time.time() - t0, 1), "cpu": cpu, "quiet": quiet, "samples": samples}
+        log("  [%s] %s: %d events in %.1f s = %.0f/s (schedule lag max %.2f s); ratio max %s (t=%s s), end %s: %s; "
+            "relay caught up %s s after the load; topic %d"
+            % (label, case["spec"], r["events"], r["load_seconds"], r["achieved_rate"], r["schedule_lag_max_s"],
+               r["max_ratio"], r["max_ratio_t"], r["end_ratio"],
+               "within %.1fx" % STEADY_TARGET if r["within_target"] else "ABOVE %.1fx" % STEADY_TARGET,
+               caught_up, in_topic))
+        if caught_up is not None and in_topic < r["events"]:
+            raise RuntimeError("steady run %s: %d events committed but %d in the topic" % (label, r["events"], in_topic))
+        return r
+
+    def section5(self):
+        specs = [x.strip() for x in STEADY_CASES.split(",") if x.strip()]
+        log("section 5: outbox.events under a steady %d events/s, %d events, cases %s"
+            % (STEADY_RATE, STEADY_EVENTS, ", ".join(specs)))
+        cases = [self.steady_case(x) for x in specs]
+        out = {"events": STEADY_EVENTS, "rate": STEADY_RATE, "batch": STEADY_BATCH, "connections": STEADY_CONNECTIONS,
+               "sample_seconds": STEADY_SAMPLE_SECONDS, "target_ratio": STEADY_TARGET, "cases": []}
+        self.res["sections"]["5_steady_table"] = out
+        # every autovacuum of the table in the server log, with its duration and tuples removed
+        self.q("ALTER SYSTEM SET log_autovacuum_min_duration = 0")
+        self.q("SELECT pg_reload_conf()")
+        try:
+            for i, c in enumerate(cases, 1):
+                if c["mode"] == "snapshot" and not self.has_relay_mode:
+                    log("  skipping %s: the extension has no relay_mode" % c["spec"])
+                    continue
+                out["cases"].append(self.steady_run(i, c))
+        finally:
+            self.q("ALTER SYSTEM RESET log_autovacuum_min_duration")
+            self.q("SELECT pg_reload_conf()")
+
     # ------------------------------------------------------------------ main
 
     def run(self):
         t0 = time.time()
-        sections = env_str("BENCH_SECTIONS", "1,2a,2b,2c,3").split(",")
+        sections = [x.strip() for x in env_str("BENCH_SECTIONS", "1,2a,2b,2c,3,5").split(",")]
         self.setup()
         try:
             if "1" in sections:
@@ -932,6 +1312,8 @@ class Bench:
                 self.section2c()
             if "3" in sections:
                 self.section3()
+            if "5" in sections:
+                self.section5()
         finally:
             self.cleanup_dbz()
             self.res["runtime_s"] = round(time.time() - t0, 1)

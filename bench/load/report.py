@@ -58,7 +58,9 @@ def render(r):
                                                                    env.get("confluent_kafka")))
     L.append("| load average | at start %s, at end %s |" % (env.get("load_at_start"), env.get("load_at_end")))
     L.append("| parameters | events %(events)d, aggregates %(aggregates)d, pgbench %(pgbench_seconds)d s, "
-             "poller backlog %(poller_events)s, latency %(latency_seconds)d s at %(rate)d events/s (+%(warmup_seconds)d s warm-up) |" % p)
+             "poller backlog %(poller_events)s, latency %(latency_seconds)d s at %(rate)d events/s (+%(warmup_seconds)d s warm-up)%(steady)s |"
+             % dict(p, steady=(", steady load %(steady_events)d events at %(steady_rate)d/s, %(steady_batch)d per commit "
+                               "(cases %(steady_cases)s)" % p) if "steady_events" in p and "5_steady_table" in s else ""))
     ps = r.get("pg_settings", {})
     L.append("| PostgreSQL settings | %s |" % ", ".join("%s=%s" % kv for kv in ps.items()))
     L.append("")
@@ -80,14 +82,29 @@ def render(r):
             tps = d.get("all_tps", [d["tps"]])
             oc = d.get("all_other_cores", [d["cpu"]["other_cores"]])
             return ", ".join("%.0f (%.2f)" % (t, o) for t, o in zip(tps, oc))
-        rows = (("(a) order row + `outbox.emit()`", "emit", "1.00"),
+        rows = [("(a) order row + `outbox.emit()` (`relay_mode = row`)", "emit", "1.00"),
                 ("(b) order row + INSERT into a plain table like outbox.events", "plain",
                  "TPS(b)/TPS(a) = **%.2f**" % e["cost_emit_vs_plain"]),
-                ("(c) order row alone", "order", "TPS(c)/TPS(a) = **%.2f**" % e["cost_emit_vs_order"]))
+                ("(c) order row alone", "order", "TPS(c)/TPS(a) = **%.2f**" % e["cost_emit_vs_order"])]
+        if "emit_snapshot" in e:
+            rows += [("(a') order row + `outbox.emit()` (`relay_mode = snapshot`: the row carries its xid)",
+                      "emit_snapshot", "1.00"),
+                     ("(b') order row + INSERT into the plain table, with `xid = pg_current_xact_id()`", "plain_xid",
+                      "TPS(b')/TPS(a') = **%.2f**" % e["cost_emit_snapshot_vs_plain_xid"]),
+                     ("(b)/(a'), (c)/(a'): against the plain INSERT without xid and the order alone", None,
+                      "%.2f, %.2f" % (e["cost_emit_snapshot_vs_plain"], e["cost_emit_snapshot_vs_order"]))]
         for label, k, cost in rows:
+            if k is None:
+                L.append("| %s | | | %s | | |" % (label, cost))
+                continue
             L.append("| %s | %s | %s | %s | %s | %s |" % (label, f(e[k]["tps"]), f(e[k]["latency_ms"], "%.2f"), cost,
                                                        rounds_cell(e[k]), quiet_cell(e[k])))
         L.append("")
+        if "emit_snapshot" in e:
+            L.append("`emit()` over the same INSERT into a plain table: **%.2f×** with `relay_mode = row`, **%.2f×** "
+                     "with `relay_mode = snapshot` (target ≤ 1.10×)."
+                     % (e["cost_emit_vs_plain"], e["cost_emit_snapshot_vs_plain_xid"]))
+            L.append("")
 
     drains = []
     if "2a_4_extension_drain" in s:
@@ -292,6 +309,9 @@ def render(r):
                     d["size_after_retention"])
         L.append("")
 
+    if "5_steady_table" in s:
+        L.extend(render_steady(s["5_steady_table"]))
+
     if r.get("quiet_checks"):
         L.append("Machine quietness before each measured section (CPU of processes outside the benchmark over 3 s):")
         L.append("")
@@ -303,6 +323,101 @@ def render(r):
         L.append("- " + n)
     L.append("")
     return "\n".join(L)
+
+
+def render_steady(x):
+    """Section 5: outbox.events under a steady load, one table per case and a summary."""
+    L = []
+    tgt = x["target_ratio"]
+    L.append("## 5. outbox.events under a steady load: %d events at %d events/s, relay publishing, retention deleting"
+             % (x["events"], x["rate"]))
+    L.append("")
+    L.append("Paced loader (`bench/load/steady.py`): %d events per transaction (one `SELECT count(outbox.emit(...)) FROM "
+             "generate_series(...)`, the ~300-byte payload built once per transaction), %d connections on one absolute "
+             "schedule; the relay publishes to the bench's Kafka broker while the load runs. Every %d s: **retained** "
+             "= `max(id) - min(id) + 1` of the rows a fresh snapshot of `outbox.events` sees (the loader's ids have no "
+             "gaps; the retention deletes the oldest first), its size = that × the average `pg_column_size(e.*)` of the "
+             "newest 10,000 rows (each row's tuple: header + data, without line pointer or page overhead; checked "
+             "against a full `count(*)`/`sum(pg_column_size(e.*))` scan at the end); **table** = "
+             "`pg_total_relation_size` = heap (all forks) + TOAST + every index; **ratio** = table / retained size. "
+             "The sizes are read after the row figures, so the ratio errs high. Max ratio: over the samples while the "
+             "load ran (with at least 10,000 rows retained); end: once the relay had caught up after the load (the "
+             "retention has not yet deleted the last minute). "
+             "Target: ≤ %.1f×. *Table / peak retained* divides by the largest retained size seen so far instead: "
+             "when the loader falls behind its schedule (a busy machine) fewer rows are retained, but the table "
+             "keeps the size the peak needed; that column separates the two." % (x["batch"], x["connections"],
+                                                                                 x["sample_seconds"], tgt))
+    L.append("")
+    L.append("| case | settings | achieved events/s (1-s min–max) | ratio max (at s) | ratio end | ≤ %.1f× | "
+             "table / peak retained: max, end | max table MB | autovacuums (manual) | relay lag max: pending / oldest s "
+             "| caught up s after load | runtime s | load avg / other cores before | other cores during |" % tgt)
+    L.append("|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---|---:|")
+
+    def settings(c):
+        st = c["settings"]
+        parts = ["relay_mode=%s" % st.get("outbox.relay_mode"), "retention=%s" % st.get("outbox.retention"),
+                 "autovacuum=%s" % st.get("autovacuum"), "naptime=%s" % st.get("autovacuum_naptime")]
+        parts += ["%s=%s" % kv for kv in c["table_options"].items()]
+        if c.get("vacuum_every"):
+            parts.append("bench VACUUM every %g s" % c["vacuum_every"])
+        return ", ".join(parts)
+    for c in x["cases"]:
+        L.append("| `%s` | %s | %s (%s–%s) | **%s** (%s) | **%s** | %s | %s, %s | %s | %d (%d) | %s / %s | %s | %s | %s | %s |"
+                 % (c["spec"], settings(c), f(c["achieved_rate"], "%.0f"), f(c["rate_per_second_min"], "%.0f"),
+                    f(c["rate_per_second_max"], "%.0f"), f(c["max_ratio"], "%.2f"), f(c["max_ratio_t"], "%.0f"),
+                    f(c["end_ratio"], "%.2f"), ("yes" if c["within_target"] else "**no**") +
+                    ("" if c.get("steady_state", True) else " (load too short for a steady state)"),
+                    f(c.get("max_peak_ratio"), "%.2f"), f(c.get("end_peak_ratio"), "%.2f"), mb(c["max_total_bytes"]),
+                    c["autovacuums"], c["manual_vacuums"], c["max_pending"], f(c["max_oldest_pending_s"], "%.2f"),
+                    f(c["relay_caught_up_s"]) if c["relay_caught_up_s"] is not None else "not within the timeout",
+                    f(c["runtime_s"], "%.0f"), quiet_cell(c), f(c["cpu"].get("other_cores"), "%.2f")))
+    L.append("")
+    for c in x["cases"]:
+        L.append("Case `%s` (%s); the storage parameters of outbox.events during the run: `%s`. "
+                 "Loader: %d events in %.1f s = %.0f events/s, schedule lag max %.2f s (p99 %.2f s); "
+                 "relay published %d, topic holds %d. CPU during the run (s): postgres %s (relay %s), Kafka %s, "
+                 "bench %s, other %s cores."
+                 % (c["spec"], settings(c), c["settings"].get("table reloptions"), c["events"], c["load_seconds"],
+                    c["achieved_rate"], c["schedule_lag_max_s"], c["schedule_lag_p99_s"], c["published"],
+                    c["messages_in_topic"], f(c["cpu"].get("postgres")), f(c["cpu"].get("relay")),
+                    f(c["cpu"].get("kafka")), f(c["cpu"].get("bench")), f(c["cpu"].get("other_cores"), "%.2f")))
+        L.append("")
+        if c.get("autovacuum_log"):
+            L.append("Autovacuums of outbox.events (server log, `log_autovacuum_min_duration = 0`): " + "; ".join(
+                "ended at %.0f s, took %.1f s, removed %s, dead but not yet removable %s, index scans %s"
+                % (v["ended_at"], v["elapsed_s"], v["removed"], v["not_yet_removable"], v["index_scans"])
+                for v in c["autovacuum_log"]) + ".")
+            L.append("")
+        if c.get("manual_vacuums"):
+            L.append("The bench's own VACUUMs: %d, taking %s s." % (c["manual_vacuums"], ", ".join(
+                "%.1f" % v for v in c["manual_vacuum_seconds"])))
+            L.append("")
+        if c.get("end_exact"):
+            ex = c["end_exact"]
+            L.append("Check at the end (full scan, %.0f ms): %d rows, %s MB by `sum(pg_column_size(e.*))`, ratio %s "
+                     "(the estimate: %d rows, %s MB, ratio %s)."
+                     % (ex["scan_ms"], ex["rows"], mb(ex["row_bytes"]), f(c.get("end_exact_ratio"), "%.3f"),
+                        c["samples"][-1]["rows"], mb(c["samples"][-1]["row_bytes"]), f(c["end_ratio"], "%.3f")))
+            L.append("")
+        idx = sorted(c["samples"][-1]["indexes"]) if c["samples"] else []
+        L.append("| t s | phase | committed | events/s since last | retained rows | retained MB | heap MB | " +
+                 " | ".join("%s MB" % i for i in idx) +
+                 " | table MB | **ratio** | / peak retained | n_live_tup | n_dead_tup | autovacuums | vacuum now | pending | oldest pending s "
+                 "| probe ms |")
+        L.append("|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(idx) + "---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+        av0 = c.get("autovacuum_base", 0)
+        prev = (0.0, 0)
+        for z in c["samples"]:
+            dt = z["t"] - prev[0]
+            rate = (z.get("committed", 0) - prev[1]) / dt if dt > 0.5 else None
+            prev = (z["t"], z.get("committed", 0))
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | **%s** | %s | %s | %s | %s | %s | %s | %s | %s |"
+                     % (f(z["t"], "%.0f"), z["phase"], z.get("committed", "-"), f(rate, "%.0f"), z["rows"], mb(z["row_bytes"]),
+                        mb(z["heap_bytes"]), " | ".join(mb(z["indexes"].get(i)) for i in idx), mb(z["total_bytes"]),
+                        f(z["ratio"], "%.2f"), f(z.get("peak_ratio"), "%.2f"), z["n_live_tup"], z["n_dead_tup"], z["autovacuum_count"] - av0,
+                        z["vacuum_phase"] or "", z["pending"], f(z["oldest_pending_s"], "%.2f"), f(z["probe_ms"], "%.0f")))
+        L.append("")
+    return L
 
 
 if __name__ == "__main__":
