@@ -31,6 +31,7 @@ OBJS = \
 	src/mark.o \
 	src/snapshot.o \
 	src/retention.o \
+	src/vacuum.o \
 	src/relay_xact.o \
 	src/producer.o \
 	src/topic_cache.o \

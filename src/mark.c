@@ -17,6 +17,7 @@
 #include "outbox.h"
 #include "mark.h"
 #include "relay_xact.h"
+#include "vacuum.h"
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -330,6 +331,8 @@ write_published(Marks *marks)
 			 SPI_result_code_string(ret));
 	check_marked(SPI_processed, marks->npublished,
 				 outbox_retention == 0 ? "DELETE" : "UPDATE");
+	if (outbox_retention == 0)
+		outbox_vacuum_count_deleted(SPI_processed);
 }
 
 /*

@@ -63,6 +63,7 @@ extern int	outbox_batch_size;			/* events per claim */
 extern int	outbox_poll_interval;		/* ms between polls without wake-ups */
 extern char *outbox_kafka_properties;	/* extra librdkafka key=value;... */
 extern int	outbox_retention;			/* s to keep published rows; -1 forever */
+extern int	outbox_vacuum_interval;		/* s between the relay's VACUUMs; 0 = off */
 extern int	outbox_delivery_timeout;	/* ms: message.timeout.ms */
 extern int	outbox_retry_backoff_max;	/* ms: cap of the per-event backoff */
 extern int	outbox_max_attempts;		/* permanent failures before "failed" */

@@ -13,6 +13,7 @@
 #include "retention.h"
 #include "snapshot.h"
 #include "status.h"
+#include "vacuum.h"
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
@@ -230,7 +231,7 @@ delete_expired_events(void)
 
 	PG_TRY();
 	{
-		(void) cleanup_published();
+		outbox_vacuum_count_deleted(cleanup_published());
 		if (cleanup_failing)
 			ereport(LOG,
 					(errmsg("outbox relay deletes published events again")));
@@ -282,4 +283,5 @@ outbox_relay_cleanup_if_due(void)
 		return;
 	last_cleanup = now;
 	delete_expired_events();
+	outbox_vacuum_if_due();
 }

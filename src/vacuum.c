@@ -1,0 +1,211 @@
+/*-------------------------------------------------------------------------
+ *
+ * vacuum.c
+ *	  VACUUM of outbox.events soon after the retention deleted rows, in a
+ *	  short-lived background worker of its own.
+ *
+ * The retention deletes published events (retention.c, mark.c); their space
+ * is reused only once VACUUM has recorded it in the free space map.  Until
+ * then every new event extends the table.  Autovacuum visits a database once
+ * per autovacuum_naptime (1 min by default), and at 20,000 events/s the relay
+ * deletes 1,200,000 rows in that minute: measured, the table grew to 2.5
+ * times the rows it keeps.  So the relay starts a VACUUM of the table itself
+ * once outbox.vacuum_interval has passed and enough rows were deleted.  It
+ * runs in its own process, on another core, so publishing never waits for
+ * it, and with SKIP_LOCKED, so it steps aside when autovacuum (or a user's
+ * VACUUM) is already at the table.  Autovacuum stays on for the table: it
+ * still protects it from transaction id wraparound.
+ *
+ * The relay side (outbox_vacuum_*) runs in the relay process, between
+ * batches; outbox_vacuum_main is the worker's entry point.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "vacuum.h"
+
+#include "access/xact.h"
+#include "catalog/dependency.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "commands/extension.h"
+#include "commands/vacuum.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_node.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+/*
+ * Fewest deleted rows worth a VACUUM: the autovacuum threshold the table
+ * carries (autovacuum_vacuum_threshold = 10000 in sql/outbox.sql).
+ */
+#define VACUUM_MIN_DELETED_ROWS	10000
+
+/* relay side: rows deleted since the last VACUUM started, and that worker */
+static int64 deleted_since_vacuum = 0;
+static TimestampTz last_vacuum_start = 0;
+static BackgroundWorkerHandle *vacuum_handle = NULL;
+
+/* no worker slot was free at the last try (logged once until one is) */
+static bool vacuum_slot_missing = false;
+
+/*
+ * outbox_vacuum_count_deleted
+ *		Count rows the relay deleted from outbox.events (any number >= 0), so
+ *		that outbox_vacuum_if_due knows when a VACUUM is worth it.  Raises no
+ *		error.
+ */
+void
+outbox_vacuum_count_deleted(int64 rows)
+{
+	deleted_since_vacuum += rows;
+}
+
+/*
+ * Is the VACUUM started last still running (or not yet started)?  Forgets
+ * its handle once it has stopped.
+ */
+static bool
+vacuum_running(void)
+{
+	pid_t		pid;
+
+	if (vacuum_handle == NULL)
+		return false;
+	if (GetBackgroundWorkerPid(vacuum_handle, &pid) != BGWH_STOPPED)
+		return true;
+	pfree(vacuum_handle);
+	vacuum_handle = NULL;
+	return false;
+}
+
+/*
+ * Register the VACUUM worker for this database; false when no background
+ * worker slot is free (max_worker_processes).
+ */
+static bool
+start_vacuum_worker(void)
+{
+	BackgroundWorker worker;
+	MemoryContext oldcxt;
+	bool		started;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_vacuum_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox vacuum");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox vacuum");
+	worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
+	worker.bgw_notify_pid = 0;
+
+	/* the handle outlives the relay's transactions and batches */
+	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+	started = RegisterDynamicBackgroundWorker(&worker, &vacuum_handle);
+	MemoryContextSwitchTo(oldcxt);
+	return started;
+}
+
+/*
+ * outbox_vacuum_if_due
+ *		Start a VACUUM of outbox.events in a background worker when
+ *		outbox.vacuum_interval (s; 0 = never, autovacuum alone) has passed
+ *		since the last one started, at least VACUUM_MIN_DELETED_ROWS rows
+ *		were deleted since, and the last one has finished.  Called by the
+ *		relay between batches, outside a transaction.
+ *
+ * Raises no error: when no background worker slot is free, one LOG line
+ * says so (until a slot is found again) and autovacuum alone keeps the
+ * table, as with outbox.vacuum_interval = 0.
+ */
+void
+outbox_vacuum_if_due(void)
+{
+	TimestampTz now;
+
+	if (outbox_vacuum_interval <= 0 ||
+		deleted_since_vacuum < VACUUM_MIN_DELETED_ROWS)
+		return;
+	now = GetCurrentTimestamp();
+	if (!TimestampDifferenceExceeds(last_vacuum_start, now,
+									outbox_vacuum_interval * 1000) ||
+		vacuum_running())
+		return;
+
+	last_vacuum_start = now;
+	if (!start_vacuum_worker())
+	{
+		if (!vacuum_slot_missing)
+			ereport(LOG,
+					(errmsg("outbox relay could not start a VACUUM of outbox.events: no background worker slot is free"),
+					 errdetail("Autovacuum alone reuses the space of deleted events until a slot is free."),
+					 errhint("Raise max_worker_processes, or set outbox.vacuum_interval = 0.")));
+		vacuum_slot_missing = true;
+		return;
+	}
+	vacuum_slot_missing = false;
+	deleted_since_vacuum = 0;
+	elog(DEBUG1, "outbox relay started a VACUUM of outbox.events");
+}
+
+/*
+ * The VACUUM statement for relid: VACUUM (SKIP_LOCKED) on the table's OID,
+ * as autovacuum names its tables, so that a table dropped meanwhile is
+ * skipped quietly.
+ */
+static VacuumStmt *
+make_vacuum_stmt(Oid relid)
+{
+	VacuumStmt *stmt = makeNode(VacuumStmt);
+
+	stmt->options = list_make1(makeDefElem("skip_locked", NULL, -1));
+	stmt->rels = list_make1(makeVacuumRelation(NULL, relid, NIL));
+	stmt->is_vacuumcmd = true;
+	return stmt;
+}
+
+/*
+ * outbox_vacuum_main
+ *		Entry point of the VACUUM worker (main_arg: the database OID).
+ *		Connects as the bootstrap superuser (VACUUM needs the table's owner
+ *		or MAINTAIN; it runs index work as the table's owner itself), runs
+ *		VACUUM (SKIP_LOCKED) outbox.events once and exits.  A database
+ *		without the extension (dropped meanwhile), or whose outbox.events is
+ *		not the extension's own, is left alone.  Errors
+ *		end the worker with the server's usual ERROR log line; the relay
+ *		starts another one later.
+ */
+void
+outbox_vacuum_main(Datum main_arg)
+{
+	Oid			relid;
+	Oid			extension;
+
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg),
+											  InvalidOid, 0);
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	relid = get_relname_relid(OUTBOX_EVENTS_TABLE,
+							  get_namespace_oid(OUTBOX_SCHEMA, true));
+	extension = get_extension_oid(OUTBOX_EXTENSION_NAME, true);
+	if (OidIsValid(relid) && OidIsValid(extension) &&
+		getExtensionOfObject(RelationRelationId, relid) == extension)
+	{
+		pgstat_report_activity(STATE_RUNNING, "VACUUM (SKIP_LOCKED) outbox.events");
+		/* commits and starts transactions itself, as for a client's VACUUM */
+		ExecVacuum(make_parsestate(NULL), make_vacuum_stmt(relid), true);
+	}
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	proc_exit(0);
+}

@@ -1,0 +1,119 @@
+"""
+The relay's own VACUUM of outbox.events (outbox.vacuum_interval): after the retention deleted
+rows, the relay starts a short-lived background worker ("outbox vacuum") that runs
+VACUUM (SKIP_LOCKED) on the table, so that the space of deleted events is reused without waiting
+for autovacuum's next visit (autovacuum_naptime, 1 min by default).
+
+To see the relay's VACUUM alone, autovacuum is turned off for the table during the test
+(ALTER TABLE ... SET (autovacuum_enabled = off), reset at the end); outbox.retention is 1 s and
+outbox.vacuum_interval 1 s.
+
+- Two runs of 30,000 events: each is published, deleted by the retention, and then vacuumed by
+  the relay (pg_stat_user_tables.vacuum_count grows; autovacuum_count does not); the second run
+  fits into the space of the first (without the relay's VACUUM the heap grows by the whole run
+  again).
+- outbox.vacuum_interval = 0: the retention deletes, and no VACUUM is started.
+"""
+import time
+
+from conftest import create_topics, new_aggregate_type, query, query_one, relay_status, report, wait_until
+from helpers_lifecycle import set_system
+
+N_EVENTS = 30_000
+# the second run's heap growth may be at most this share of the first run's, plus 1 MB
+REUSE_LIMIT = 0.25
+SLACK = 1048576
+
+EMIT_SQL = ("SELECT count(outbox.emit(%s, (g %% 100)::text, 'it.vacuum',"
+            " jsonb_build_object('n', g, 'pad', repeat('x', 200)))) FROM generate_series(1, %s) AS g")
+
+
+def vacuum_counts(conn):
+    return query_one(conn, "SELECT vacuum_count, autovacuum_count FROM pg_stat_user_tables"
+                           " WHERE relid = 'outbox.events'::regclass")
+
+
+def heap_size(conn) -> int:
+    return query_one(conn, "SELECT pg_relation_size('outbox.events')")[0]
+
+
+def remaining(conn, agg_type) -> int:
+    return query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s", (agg_type,))[0]
+
+
+def one_run(conn, agg_type):
+    """Emit N_EVENTS in one transaction; wait until they are published and deleted.  Returns the
+    heap size right after the commit and the vacuum counts before it."""
+    counts_before = vacuum_counts(conn)
+    assert query_one(conn, EMIT_SQL, (agg_type, N_EVENTS))[0] == N_EVENTS
+    peak = heap_size(conn)
+    wait_until(lambda: remaining(conn, agg_type) == 0, 120,
+               f"the relay to publish and the retention to delete {N_EVENTS} events", interval=0.5)
+    return peak, counts_before
+
+
+def test_relay_vacuums_after_retention(env, conn, prefix):
+    agg_type = new_aggregate_type("vacuum")
+    create_topics(env, [prefix + agg_type])
+    pid = relay_status(conn)[0]["pid"]
+    try:
+        query(conn, "ALTER TABLE outbox.events SET (autovacuum_enabled = off)")
+        set_system(conn, "outbox.retention", 1)
+        set_system(conn, "outbox.vacuum_interval", 1)
+        # the published rows of earlier tests go first, and the test vacuums their space itself,
+        # so that run 1 starts from a table without reusable space
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events e WHERE outbox.published(e)")[0] == 0,
+                   120, "the retention to delete the earlier tests' published events", interval=0.5)
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM pg_stat_activity"
+                                           " WHERE backend_type = 'outbox vacuum'")[0] == 0, 60,
+                   "a VACUUM worker started for the earlier tests' events to finish")
+        query(conn, "VACUUM outbox.events")
+        base_counts = vacuum_counts(conn)
+        start = heap_size(conn)
+        peaks, counts = [], []
+        for run in (1, 2):
+            peak, before = one_run(conn, agg_type)
+            wait_until(lambda: vacuum_counts(conn)[0] > before[0], 60,
+                       f"run {run}: the relay's VACUUM of outbox.events after the retention", interval=0.5)
+            peaks.append(peak)
+            counts.append(vacuum_counts(conn))
+    finally:
+        query(conn, "ALTER TABLE outbox.events RESET (autovacuum_enabled)")
+        set_system(conn, "outbox.retention", None)
+        set_system(conn, "outbox.vacuum_interval", None)
+
+    grow1, grow2 = peaks[0] - start, peaks[1] - peaks[0]
+    report(f"OUTBOX VACUUM: heap {start / 1048576:.1f}MB at start, {peaks[0] / 1048576:.1f}MB after"
+           f" run 1's {N_EVENTS} events, {peaks[1] / 1048576:.1f}MB after run 2's; (vacuum_count,"
+           f" autovacuum_count) {base_counts} at start, {counts[0]} after run 1, {counts[1]} after run 2")
+    assert relay_status(conn)[0]["pid"] == pid, "the relay worker restarted"
+    assert counts[1][1] == base_counts[1], "autovacuum ran although it was off for the table"
+    assert grow1 > 4 * SLACK, f"run 1 grew the heap by {grow1} bytes only: the test proves nothing"
+    assert grow2 <= grow1 * REUSE_LIMIT + SLACK, \
+        f"run 2 grew the heap by {grow2 / 1048576:.1f}MB after run 1's {grow1 / 1048576:.1f}MB: space not reused"
+
+
+def test_vacuum_interval_zero_leaves_the_table_to_autovacuum(env, conn, prefix):
+    agg_type = new_aggregate_type("novacuum")
+    create_topics(env, [prefix + agg_type])
+    try:
+        query(conn, "ALTER TABLE outbox.events SET (autovacuum_enabled = off)")
+        set_system(conn, "outbox.retention", 1)
+        set_system(conn, "outbox.vacuum_interval", 0)
+        # a VACUUM the relay started before the reload may still be finishing
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM pg_stat_activity"
+                                           " WHERE backend_type = 'outbox vacuum'")[0] == 0, 60,
+                   "an earlier VACUUM worker to finish")
+        _, before = one_run(conn, agg_type)
+        # the retention deleted the run; a relay that ignored the setting would start its VACUUM
+        # at its next pass (every second): give it three
+        time.sleep(3)
+        after = vacuum_counts(conn)
+        workers = query_one(conn, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox vacuum'")[0]
+    finally:
+        query(conn, "ALTER TABLE outbox.events RESET (autovacuum_enabled)")
+        set_system(conn, "outbox.retention", None)
+        set_system(conn, "outbox.vacuum_interval", None)
+    report(f"OUTBOX VACUUM interval 0: (vacuum_count, autovacuum_count) {before} -> {after},"
+           f" {workers} VACUUM workers running")
+    assert after == before and workers == 0, "the relay started a VACUUM with outbox.vacuum_interval = 0"
