@@ -12,7 +12,9 @@
 #include "relay_xact.h"
 
 #include "access/xact.h"
+#include "catalog/dependency.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_extension.h"
 #include "commands/extension.h"
 #include "nodes/makefuncs.h"
@@ -66,7 +68,7 @@ outbox_relay_xact_end(MemoryContext callercxt, bool report_stats)
  * outbox_lock_events_table
  *		Lock the extension and outbox.events against a concurrent DROP for
  *		the rest of the transaction and return the table's OID, or
- *		InvalidOid if it does not exist.
+ *		InvalidOid if there is no extension or the table is not its own.
  *
  * The extension is locked first: DROP EXTENSION locks it before any of its
  * objects, so a relay batch and a DROP then queue on that one lock instead
@@ -80,11 +82,23 @@ outbox_lock_events_table(void)
 {
 	RangeVar   *rv = makeRangeVar(OUTBOX_SCHEMA, OUTBOX_EVENTS_TABLE, -1);
 	Oid			extension = get_extension_oid(OUTBOX_EXTENSION_NAME, true);
+	Oid			relid;
 
-	if (OidIsValid(extension))
-		LockDatabaseObject(ExtensionRelationId, extension, 0, AccessShareLock);
-	return RangeVarGetRelidExtended(rv, RowExclusiveLock, RVR_MISSING_OK,
-									NULL, NULL);
+	/*
+	 * Only the extension's own table counts.  Without the extension, anyone
+	 * who may create a schema in the database (its owner, say) could make an
+	 * "outbox.events" with a trigger, and the relay, often a superuser,
+	 * would run that trigger's code when it marks or deletes events.
+	 */
+	if (!OidIsValid(extension))
+		return InvalidOid;
+	LockDatabaseObject(ExtensionRelationId, extension, 0, AccessShareLock);
+	relid = RangeVarGetRelidExtended(rv, RowExclusiveLock, RVR_MISSING_OK,
+									 NULL, NULL);
+	if (OidIsValid(relid) &&
+		getExtensionOfObject(RelationRelationId, relid) != extension)
+		return InvalidOid;
+	return relid;
 }
 
 /*

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import (create_topics, event_rows, message_problems, new_aggregate_type,
                       pg_connect, pg_sh, query, query_one, relay_status, report,
-                      server_major, unique_messages, wait_relay_ready, wait_until)
+                      server_major, topic_prefix, unique_messages, wait_relay_ready, wait_until)
 from helpers_security import (Log, alter_system, drop_role, emit_many, entries, full_error,
                               lines_of_pid, pending_count, reload, safe_unlink,
                               set_system, status, unique, wait_counts, wait_session_shows,
@@ -773,3 +773,49 @@ def test_search_path_attack_on_relay(env, prefix, reader_factory):
         reload(conn)
         drop_role(conn, attacker)
         conn.close()
+
+
+def test_relay_touches_only_the_extensions_own_table(env):
+    """An outbox.events that is not the extension's member (here: taken out of it with ALTER
+    EXTENSION ... DROP TABLE, as a database owner's look-alike in a database without the
+    extension would be) is not relayed: the relay, a superuser, would otherwise run the triggers
+    someone put on it or on outbox.relay_progress.  Back in the extension, the same events flow
+    and the trigger fires: the control that the trap was armed."""
+    from helpers_lifecycle import extra_cluster
+    with extra_cluster(env, "sec-member", 29, database="postgres") as other:
+        c = pg_connect(other)
+        query(c, "CREATE EXTENSION outbox")
+        wait_relay_ready(other)
+        query(c, "CREATE TABLE public.fired (who text, superuser text, op text)")
+        query(c, "CREATE FUNCTION public.note() RETURNS trigger LANGUAGE plpgsql AS $$"
+                 " BEGIN INSERT INTO public.fired VALUES (current_user, current_setting('is_superuser'),"
+                 " TG_TABLE_NAME || ' ' || TG_OP); RETURN NULL; END $$")
+        query(c, "ALTER EXTENSION outbox DROP TABLE outbox.events")
+        query(c, "CREATE TRIGGER trap AFTER UPDATE OR DELETE ON outbox.events"
+                 " FOR EACH STATEMENT EXECUTE FUNCTION public.note()")
+        query(c, "CREATE TRIGGER trap AFTER INSERT OR UPDATE ON outbox.relay_progress"
+                 " FOR EACH STATEMENT EXECUTE FUNCTION public.note()")
+        topic = topic_prefix(c) + "sec_member"
+        create_topics(env, [topic])
+        ids = [r[0] for r in query(c, "SELECT outbox.emit('sec_member', 'a', 'it.member', jsonb_build_object('n', g))"
+                                      " FROM generate_series(1, 10) g")]
+        wait_state(c, "waiting_for_extension", 30, "the relay to refuse the table the extension does not own")
+        # it stays so over further passes of its loop (poll_interval 1 s)
+        time.sleep(2)
+        st = relay_status(c)[0]
+        fired = query(c, "SELECT * FROM public.fired")
+        pending = query_one(c, "SELECT count(*) FROM outbox.events e WHERE NOT outbox.published(e)")[0]
+        assert st["state"] == "waiting_for_extension", st
+        assert not fired, f"the relay fired a trigger on a table the extension does not own: {fired}"
+        assert pending == len(ids), f"{len(ids) - pending} events relayed from a foreign table"
+
+        query(c, "ALTER EXTENSION outbox ADD TABLE outbox.events")
+        wait_until(lambda: query_one(c, "SELECT count(*) FROM outbox.events e"
+                                        " WHERE NOT outbox.published(e)")[0] == 0, 60,
+                   "the relay to publish once the table is the extension's again")
+        wait_until(lambda: query_one(c, "SELECT count(*) FROM public.fired")[0] > 0, 30,
+                   "the trigger to fire (the control)")
+        report(f"OUTBOX SECURITY extension membership: a table outside the extension was not relayed"
+               f" (state {st['state']}, 0 triggers fired, {pending} pending); back in the extension"
+               f" it was, and the trigger fired: {query(c, 'SELECT DISTINCT * FROM public.fired')}")
+        c.close()
