@@ -71,7 +71,7 @@ STEADY_RATE = env_int("BENCH_STEADY_RATE", 20000)
 STEADY_BATCH = env_int("BENCH_STEADY_BATCH", 1000)
 STEADY_CONNECTIONS = env_int("BENCH_STEADY_CONNECTIONS", 2)
 STEADY_SAMPLE_SECONDS = env_int("BENCH_STEADY_SAMPLE_SECONDS", 10)
-STEADY_CASES = env_str("BENCH_STEADY_CASES", "snapshot,snapshot:autovacuum_naptime=10s,snapshot:autovacuum_naptime=5s,row")
+STEADY_CASES = env_str("BENCH_STEADY_CASES", "snapshot,snapshot:outbox.vacuum_interval=0,row")
 STEADY_TARGET = 1.5
 WORK = env_str("BENCH_WORK_DIR", "/tmp/outbox-bench-work")
 RESULTS = env_str("BENCH_RESULTS_DIR", os.path.join(BENCH, "results"))
@@ -972,7 +972,7 @@ class Bench:
     # every N s (what a relay that vacuums after its deletes would do); retention = N:
     # outbox.retention for the case
     STEADY_SERVER_SETTINGS = ("autovacuum_naptime", "autovacuum_work_mem", "maintenance_work_mem",
-                              "autovacuum_vacuum_cost_limit", "vacuum_cost_limit")
+                              "autovacuum_vacuum_cost_limit", "vacuum_cost_limit", "outbox.vacuum_interval")
 
     def steady_case(self, spec):
         """'mode[:key=value...]', e.g. 'snapshot', 'snapshot:autovacuum_naptime=10s',
