@@ -84,6 +84,9 @@ fi
 "$PY" -c 'import psycopg, confluent_kafka' 2>/dev/null \
     || die "$PY needs psycopg 3 and confluent_kafka (apt-get install -y python3-psycopg python3-confluent-kafka)"
 [[ -f "$(pg_config --pkglibdir)/outbox.so" ]] || die "the outbox extension is not installed (make install)"
+# measure this tree, not an older build: a library older than a source file is refused
+newer=$(find "$REPO_DIR/src" "$REPO_DIR/sql" -newer "$(pg_config --pkglibdir)/outbox.so" -type f | head -1)
+[[ -z "$newer" ]] || die "the installed outbox.so ($(pg_config --pkglibdir)) is older than $newer: make install first"
 
 # ------------------------------------------------------------------ Debezium peer, built once
 build_debezium() {

@@ -8,7 +8,7 @@ the space of the first.  Kafka's offsets must grow by exactly the number of even
 nothing sent twice).
 
 All settings are the defaults, autovacuum_naptime (1 min) too: the relay's own VACUUM
-(outbox.vacuum_interval, 10 s) must make the space reusable; an autovacuum visit counts as well.
+(outbox.vacuum_interval, 5 s) must make the space reusable; an autovacuum visit counts as well.
 VACUUM is never run by the test.
 
 Also: a REPEATABLE READ transaction holding its snapshot open while 10,000 events flow must
