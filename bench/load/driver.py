@@ -1260,6 +1260,7 @@ class Bench:
              "max_oldest_pending_s": max((x["oldest_pending_s"] or 0) for x in samples
                                          if x["phase"] != "relay caught up"),
              "autovacuums": end["autovacuum_count"] - base[0], "autovacuum_base": base[0],
+             "vacuums": end["vacuum_count"] - base[1],
              "autovacuum_log": autovac, "manual_vacuums": len(vac_log),
              "manual_vacuum_seconds": vac_log, "max_probe_ms": max(x["probe_ms"] for x in samples),
              "end_exact": end.get("exact"), "end_exact_ratio": end.get("exact_ratio"),

@@ -349,7 +349,7 @@ def render_steady(x):
                                                                                  x["sample_seconds"], tgt))
     L.append("")
     L.append("| case | settings | achieved events/s (1-s min–max) | ratio max (at s) | ratio end | ≤ %.1f× | "
-             "table / peak retained: max, end | max table MB | autovacuums (manual) | relay lag max: pending / oldest s "
+             "table / peak retained: max, end | max table MB | autovacuums / relay VACUUMs (bench's) | relay lag max: pending / oldest s "
              "| caught up s after load | runtime s | load avg / other cores before | other cores during |" % tgt)
     L.append("|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---|---:|")
 
@@ -362,13 +362,14 @@ def render_steady(x):
             parts.append("bench VACUUM every %g s" % c["vacuum_every"])
         return ", ".join(parts)
     for c in x["cases"]:
-        L.append("| `%s` | %s | %s (%s–%s) | **%s** (%s) | **%s** | %s | %s, %s | %s | %d (%d) | %s / %s | %s | %s | %s | %s |"
+        L.append("| `%s` | %s | %s (%s–%s) | **%s** (%s) | **%s** | %s | %s, %s | %s | %d / %s (%d) | %s / %s | %s | %s | %s | %s |"
                  % (c["spec"], settings(c), f(c["achieved_rate"], "%.0f"), f(c["rate_per_second_min"], "%.0f"),
                     f(c["rate_per_second_max"], "%.0f"), f(c["max_ratio"], "%.2f"), f(c["max_ratio_t"], "%.0f"),
                     f(c["end_ratio"], "%.2f"), ("yes" if c["within_target"] else "**no**") +
                     ("" if c.get("steady_state", True) else " (load too short for a steady state)"),
                     f(c.get("max_peak_ratio"), "%.2f"), f(c.get("end_peak_ratio"), "%.2f"), mb(c["max_total_bytes"]),
-                    c["autovacuums"], c["manual_vacuums"], c["max_pending"], f(c["max_oldest_pending_s"], "%.2f"),
+                    c["autovacuums"], ("%d" % (c["vacuums"] - c["manual_vacuums"])) if "vacuums" in c else "-",
+                    c["manual_vacuums"], c["max_pending"], f(c["max_oldest_pending_s"], "%.2f"),
                     f(c["relay_caught_up_s"]) if c["relay_caught_up_s"] is not None else "not within the timeout",
                     f(c["runtime_s"], "%.0f"), quiet_cell(c), f(c["cpu"].get("other_cores"), "%.2f")))
     L.append("")
