@@ -24,13 +24,10 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "relay_xact.h"
 #include "vacuum.h"
 
 #include "access/xact.h"
-#include "catalog/dependency.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_class.h"
-#include "commands/extension.h"
 #include "commands/vacuum.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_node.h"
@@ -38,7 +35,6 @@
 #include "postmaster/bgworker.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -180,7 +176,9 @@ make_vacuum_stmt(Oid relid)
  *		or MAINTAIN; it runs index work as the table's owner itself), runs
  *		VACUUM (SKIP_LOCKED) outbox.events once and exits.  A database
  *		without the extension (dropped meanwhile), or whose outbox.events is
- *		not the extension's own, is left alone.  Errors
+ *		not the extension's own (outbox_lock_events_table decides, as for
+ *		the relay; its locks end when VACUUM commits the transaction before
+ *		its own), is left alone.  Errors
  *		end the worker with the server's usual ERROR log line; the relay
  *		starts another one later.
  */
@@ -188,7 +186,6 @@ void
 outbox_vacuum_main(Datum main_arg)
 {
 	Oid			relid;
-	Oid			extension;
 
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
@@ -197,11 +194,9 @@ outbox_vacuum_main(Datum main_arg)
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	relid = get_relname_relid(OUTBOX_EVENTS_TABLE,
-							  get_namespace_oid(OUTBOX_SCHEMA, true));
-	extension = get_extension_oid(OUTBOX_EXTENSION_NAME, true);
-	if (OidIsValid(relid) && OidIsValid(extension) &&
-		getExtensionOfObject(RelationRelationId, relid) == extension)
+	/* the relay's own test of "the extension's outbox.events" (relay_xact.c) */
+	relid = outbox_lock_events_table();
+	if (OidIsValid(relid))
 	{
 		pgstat_report_activity(STATE_RUNNING, "VACUUM (SKIP_LOCKED) outbox.events");
 		/* commits and starts transactions itself, as for a client's VACUUM */
