@@ -24,6 +24,9 @@ OBJS = \
 	src/emit.o \
 	src/capture.o \
 	src/ops.o \
+	src/launcher.o \
+	src/dblist.o \
+	src/lifecycle.o \
 	src/worker.o \
 	src/connect.o \
 	src/batch.o \

@@ -69,4 +69,17 @@
 #define outbox_disable_transaction_timeout() ((void) 0)
 #endif
 
+/*
+ * PostgreSQL 16 replaced the per-kind ownership checks such as
+ * pg_database_ownercheck() with object_ownercheck().
+ */
+#include "utils/acl.h"
+#if PG_VERSION_NUM >= 160000
+#define outbox_database_ownercheck(dboid, roleid) \
+	object_ownercheck(DatabaseRelationId, (dboid), (roleid))
+#else
+#define outbox_database_ownercheck(dboid, roleid) \
+	pg_database_ownercheck((dboid), (roleid))
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

@@ -1,13 +1,26 @@
 /*-------------------------------------------------------------------------
  *
  * connect.h
- *	  The relay worker's connection to outbox.database (connect.c).
+ *	  A relay worker's connection to its database (connect.c).
  *
  *-------------------------------------------------------------------------
  */
 #ifndef OUTBOX_CONNECT_H
 #define OUTBOX_CONNECT_H
 
+#include "dblist.h"
+
+/* what the launcher hands a relay in bgw_extra (at most BGW_EXTRALEN bytes) */
+typedef struct OutboxRelayArgs
+{
+	Oid			dboid;			/* database to connect to */
+	Oid			roleoid;		/* outbox.role; InvalidOid = bootstrap superuser */
+	char		dbname[NAMEDATALEN];	/* its name when the relay was started */
+} OutboxRelayArgs;
+
+extern const char *outbox_connection_obstacle(const char *dbname,
+											  const OutboxDatabase *db,
+											  Oid *roleoid);
 extern void outbox_connect_to_database(void);
 
 #endif							/* OUTBOX_CONNECT_H */

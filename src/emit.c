@@ -151,8 +151,9 @@ outbox_emit(PG_FUNCTION_ARGS)
  * outbox_relay_coverage
  *		Does a relay publish this database's outbox?  OUTBOX_NOT_PRELOADED: no
  *		relay runs at all (the library is not in shared_preload_libraries);
- *		OUTBOX_OTHER_DATABASE: the relay serves outbox.database, not this one,
- *		whose name is then returned in *dbname (palloc'd).
+ *		OUTBOX_OTHER_DATABASE: this database is not covered by
+ *		outbox.databases (or outbox.database when that is empty); its name
+ *		is then returned in *dbname (palloc'd).
  */
 OutboxRelayCoverage
 outbox_relay_coverage(char **dbname)
@@ -162,7 +163,7 @@ outbox_relay_coverage(char **dbname)
 	if (outbox_shared == NULL)
 		return OUTBOX_NOT_PRELOADED;
 	name = get_database_name(MyDatabaseId);
-	if (name != NULL && outbox_database != NULL && strcmp(name, outbox_database) != 0)
+	if (name != NULL && !outbox_database_relayed(name))
 	{
 		*dbname = name;
 		return OUTBOX_OTHER_DATABASE;
@@ -192,6 +193,14 @@ warn_if_not_relayed(void)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox events are stored but not published: the outbox library is not in shared_preload_libraries"),
 				 errhint("Add 'outbox' to shared_preload_libraries and restart the server; the events wait in outbox.events until then.")));
+	else if (coverage == OUTBOX_OTHER_DATABASE && outbox_databases[0] != '\0')
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox events emitted in database \"%s\" are not published", dbname),
+				 errdetail("The relays serve the databases of outbox.databases only: %s.",
+						   outbox_databases),
+				 errhint("Emit in one of those databases, or add \"%s\" to outbox.databases and reload the configuration.",
+						 dbname)));
 	else if (coverage == OUTBOX_OTHER_DATABASE)
 		ereport(WARNING,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

@@ -26,6 +26,8 @@
 #include "utils/guc.h"
 
 char	   *outbox_database = NULL;
+char	   *outbox_databases = NULL;
+int			outbox_max_workers = 8;
 char	   *outbox_bootstrap_servers = NULL;
 char	   *outbox_topic_prefix = NULL;
 int			outbox_batch_size = 5000;
@@ -116,6 +118,25 @@ outbox_define_gucs(void)
 							   PGC_POSTMASTER : PGC_SIGHUP,
 							   0,
 							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.databases",
+							   "Databases the outbox launcher keeps a relay for.",
+							   "A comma-separated list of database names, or * for every database that accepts connections, is not a template and has the extension. Empty means the one database of outbox.database.",
+							   &outbox_databases,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   outbox_check_databases, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_workers",
+							"Most relay workers the outbox launcher runs at once.",
+							"Databases beyond this number are not relayed; the log says which.",
+							&outbox_max_workers,
+							8, 1, 256,
+							process_shared_preload_libraries_in_progress ?
+							PGC_POSTMASTER : PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.bootstrap_servers",
 							   "Kafka bootstrap servers (host:port,...) the relay publishes to.",

@@ -86,6 +86,16 @@ warn_if_not_relayed_here(FunctionCallInfo fcinfo)
 					 errhint("Add outbox to shared_preload_libraries and restart the server.")));
 			break;
 		case OUTBOX_OTHER_DATABASE:
+			if (outbox_databases[0] != '\0')
+			{
+				ereport(WARNING,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("outbox.%s() in database \"%s\" has no effect on any relay",
+								get_func_name(fcinfo->flinfo->fn_oid), dbname),
+						 errdetail("The relays serve the databases of outbox.databases only: %s.",
+								   outbox_databases)));
+				break;
+			}
 			ereport(WARNING,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("outbox.%s() in database \"%s\" has no effect on any relay",

@@ -4,7 +4,8 @@
  *	  Module entry point of the outbox extension.
  *
  * Loaded through shared_preload_libraries, the library reserves its shared
- * memory and registers the relay worker.  Loaded any other way (the first
+ * memory, installs the hook that tells the launcher about CREATE EXTENSION
+ * and database DDL, and registers the launcher, which starts the relays.  Loaded any other way (the first
  * call of outbox.emit() in a backend, LOAD 'outbox'), it only defines its
  * settings and installs the hooks that keep their secrets out of view:
  * emit() works, no worker starts.
@@ -12,6 +13,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "lifecycle.h"
 #include "secrets.h"
 
 #include "fmgr.h"
@@ -24,8 +26,8 @@ void		_PG_init(void);
 /*
  * _PG_init
  *		Define the GUCs and install the secret-keeping hooks everywhere; set
- *		up shared memory and the relay worker only when preloaded by the
- *		postmaster.
+ *		up shared memory, the lifecycle hook and the launcher only when
+ *		preloaded by the postmaster.
  */
 void
 _PG_init(void)
@@ -60,5 +62,6 @@ _PG_init(void)
 	outbox_prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = outbox_shmem_startup;
 
-	outbox_register_worker();
+	outbox_install_lifecycle_hook();
+	outbox_register_launcher();
 }

@@ -22,9 +22,11 @@
 
 #include "datatype/timestamp.h"
 #include "miscadmin.h"
+#include "nodes/pg_list.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/spin.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/uuid.h"
 
@@ -56,7 +58,9 @@
  * guc.c: the outbox.* settings.  Values are in the units named; the GUC
  * machinery converts what the user wrote in postgresql.conf.
  */
-extern char *outbox_database;			/* database the relay connects to */
+extern char *outbox_database;			/* 1.x: the one database relayed */
+extern char *outbox_databases;			/* '' = outbox.database; names; '*' */
+extern int	outbox_max_workers;			/* relay slots in the whole server */
 extern char *outbox_bootstrap_servers;	/* host:port,...; empty = idle */
 extern char *outbox_topic_prefix;		/* routed topic = prefix||aggregate_type */
 extern int	outbox_batch_size;			/* events per claim */
@@ -86,6 +90,14 @@ extern const char *outbox_kafka_properties_refusal(void);
 extern void outbox_reload_config_file(void);
 
 /*
+ * dblist.c: which databases get a relay (outbox.databases)
+ */
+extern bool outbox_check_databases(char **newval, void **extra,
+								   GucSource source);
+extern List *outbox_relayed_databases(bool *all);
+extern bool outbox_database_relayed(const char *name);
+
+/*
  * shmem.c: state shared between the relay worker and every backend.
  */
 typedef enum OutboxRelayState
@@ -102,20 +114,28 @@ typedef enum OutboxRelayState
 	OUTBOX_STATE_ERROR
 } OutboxRelayState;
 
-typedef struct OutboxShared
+/*
+ * One relay's shared state, in a slot the launcher assigns (launcher.c).
+ * The relay fills in its pid, latch, state and counters; backends of its
+ * database set its latch at commit; outbox.status reads it.  While the
+ * relay's database cannot be connected to yet, the launcher itself holds
+ * the slot (worker_pid = the launcher's pid, state waiting_for_database).
+ */
+typedef struct OutboxRelaySlot
 {
 	slock_t		mutex;			/* protects everything below */
 
-	/* the running relay worker, 0 if none */
+	/* set by the launcher */
+	bool		in_use;			/* assigned to a database */
+	Oid			database_oid;	/* database served; InvalidOid if unknown */
+	char		database_name[NAMEDATALEN];
+
+	/* set by the relay worker: 0 if none runs */
 	pid_t		worker_pid;
 	Latch	   *worker_latch;	/* set at commit by emitting backends */
 	uint32		control_seq;	/* bumped at commit of pause(), resume() etc. */
-	Oid			database_oid;	/* database the worker is connected to */
-	char		database_name[NAMEDATALEN];
 	TimestampTz started_at;
-
-	/* set by a worker that failed to connect; the next one waits instead */
-	bool		database_missing;
+	bool		extension_absent;	/* set before a relay exits for lack of it */
 
 	OutboxRelayState state;
 	int64		published;		/* events acknowledged since start */
@@ -124,6 +144,32 @@ typedef struct OutboxShared
 	TimestampTz last_publish_at;
 	TimestampTz last_error_at;
 	char		last_error[OUTBOX_ERROR_LEN];
+} OutboxRelaySlot;
+
+/* databases whose relays a running DROP/RENAME DATABASE has released */
+#define OUTBOX_MAX_BLOCKS		8
+/* databases with a committed CREATE EXTENSION outbox not yet seen */
+#define OUTBOX_MAX_EVENTS		16
+
+typedef struct OutboxShared
+{
+	slock_t		mutex;			/* protects the fields up to slots */
+
+	pid_t		launcher_pid;	/* 0 if the launcher does not run */
+	Latch	   *launcher_latch;
+
+	/* CREATE EXTENSION outbox committed in these databases (lifecycle.c) */
+	int			nevents;
+	bool		events_overflow;	/* more than fit: re-probe every database */
+	Oid			events[OUTBOX_MAX_EVENTS];
+
+	/* databases no relay may serve while the backend blocked_by runs DDL */
+	Oid			blocked_db[OUTBOX_MAX_BLOCKS];
+	pid_t		blocked_by[OUTBOX_MAX_BLOCKS];
+	TimestampTz blocked_until[OUTBOX_MAX_BLOCKS];
+
+	int			nslots;			/* outbox.max_workers */
+	OutboxRelaySlot slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxShared;
 
 extern OutboxShared *outbox_shared;
@@ -150,9 +196,14 @@ extern shmem_request_hook_type outbox_prev_shmem_request_hook;
 extern shmem_startup_hook_type outbox_prev_shmem_startup_hook;
 extern void outbox_shmem_request(void);
 extern void outbox_shmem_startup(void);
-extern void outbox_shared_register_worker(void);
+extern OutboxRelaySlot *outbox_my_slot;	/* the relay's own slot */
+extern void outbox_shared_register_worker(int slot);
 extern void outbox_wake_worker(bool control);
 extern uint32 outbox_control_seq(void);
+extern void outbox_wake_launcher(void);
+extern void outbox_shared_register_launcher(int wait_ms);
+extern int	outbox_slot_take(Oid dboid, const char *name);
+extern void outbox_slot_free(int slot);
 
 /*
  * emit.c: writing events
@@ -183,9 +234,15 @@ extern pg_uuid_t *outbox_insert_event(const OutboxEvent *event,
 extern void outbox_register_wakeup_at_commit(bool control);
 
 /*
- * worker.c
+ * worker.c: one relay, started by the launcher (launcher.c)
  */
-extern void outbox_register_worker(void);
+extern const char *outbox_relay_database;	/* name of the relay's database */
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
+
+/*
+ * launcher.c: the launcher background worker
+ */
+extern void outbox_register_launcher(void);
+extern PGDLLEXPORT void outbox_launcher_main(Datum main_arg);
 
 #endif							/* OUTBOX_H */

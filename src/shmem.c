@@ -16,6 +16,8 @@
  */
 #include "outbox.h"
 
+#include <signal.h>
+
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -23,12 +25,23 @@
 #include "utils/timestamp.h"
 
 OutboxShared *outbox_shared = NULL;
+OutboxRelaySlot *outbox_my_slot = NULL;
 
 /* the hooks installed before ours (set by _PG_init) */
 shmem_request_hook_type outbox_prev_shmem_request_hook = NULL;
 shmem_startup_hook_type outbox_prev_shmem_startup_hook = NULL;
 
 static void outbox_shared_unregister_worker(int code, Datum arg);
+
+/*
+ * Size of the struct with outbox.max_workers slots.
+ */
+static Size
+shared_size(void)
+{
+	return add_size(offsetof(OutboxShared, slots),
+					mul_size(sizeof(OutboxRelaySlot), outbox_max_workers));
+}
 
 /*
  * outbox_shmem_request
@@ -40,7 +53,7 @@ outbox_shmem_request(void)
 {
 	if (outbox_prev_shmem_request_hook)
 		outbox_prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(sizeof(OutboxShared)));
+	RequestAddinShmemSpace(MAXALIGN(shared_size()));
 }
 
 /*
@@ -55,45 +68,58 @@ void
 outbox_shmem_startup(void)
 {
 	bool		found;
+	int			i;
 
 	if (outbox_prev_shmem_startup_hook)
 		outbox_prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	outbox_shared = ShmemInitStruct("outbox relay", sizeof(OutboxShared), &found);
+	outbox_shared = ShmemInitStruct("outbox relay", shared_size(), &found);
 	if (!found)
 	{
-		memset(outbox_shared, 0, sizeof(OutboxShared));
+		memset(outbox_shared, 0, shared_size());
 		SpinLockInit(&outbox_shared->mutex);
+		outbox_shared->nslots = outbox_max_workers;
+		for (i = 0; i < outbox_max_workers; i++)
+			SpinLockInit(&outbox_shared->slots[i].mutex);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
 
 /*
  * outbox_shared_register_worker
- *		Publish the calling relay worker (pid, latch, database) and reset the
+ *		Publish the calling relay worker (pid, latch) in slot number slot
+ *		(0 .. outbox.max_workers - 1, given by the launcher) and reset its
  *		counters.  Cleared again when the worker exits.
  */
 void
-outbox_shared_register_worker(void)
+outbox_shared_register_worker(int slot)
 {
+	OutboxRelaySlot *s;
+
 	if (outbox_shared == NULL)
 		return;
+	if (slot < 0 || slot >= outbox_shared->nslots)
+		elog(FATAL, "outbox relay started with slot %d of %d", slot,
+			 outbox_shared->nslots);
+	s = &outbox_shared->slots[slot];
+	outbox_my_slot = s;
 
-	SpinLockAcquire(&outbox_shared->mutex);
-	outbox_shared->worker_pid = MyProcPid;
-	outbox_shared->worker_latch = MyLatch;
-	outbox_shared->database_oid = MyDatabaseId;
-	strlcpy(outbox_shared->database_name, outbox_database, NAMEDATALEN);
-	outbox_shared->started_at = GetCurrentTimestamp();
-	outbox_shared->state = OUTBOX_STATE_STARTING;
-	outbox_shared->published = 0;
-	outbox_shared->failed = 0;
-	outbox_shared->delivery_errors = 0;
-	outbox_shared->last_publish_at = 0;
-	outbox_shared->last_error_at = 0;
-	outbox_shared->last_error[0] = '\0';
-	SpinLockRelease(&outbox_shared->mutex);
+	SpinLockAcquire(&s->mutex);
+	s->worker_pid = MyProcPid;
+	s->worker_latch = MyLatch;
+	s->database_oid = MyDatabaseId;
+	strlcpy(s->database_name, outbox_relay_database, NAMEDATALEN);
+	s->started_at = GetCurrentTimestamp();
+	s->extension_absent = false;
+	s->state = OUTBOX_STATE_STARTING;
+	s->published = 0;
+	s->failed = 0;
+	s->delivery_errors = 0;
+	s->last_publish_at = 0;
+	s->last_error_at = 0;
+	s->last_error[0] = '\0';
+	SpinLockRelease(&s->mutex);
 
 	before_shmem_exit(outbox_shared_unregister_worker, (Datum) 0);
 }
@@ -101,19 +127,20 @@ outbox_shared_register_worker(void)
 static void
 outbox_shared_unregister_worker(int code, Datum arg)
 {
-	SpinLockAcquire(&outbox_shared->mutex);
-	if (outbox_shared->worker_pid == MyProcPid)
+	OutboxRelaySlot *s = outbox_my_slot;
+
+	SpinLockAcquire(&s->mutex);
+	if (s->worker_pid == MyProcPid)
 	{
-		outbox_shared->worker_pid = 0;
-		outbox_shared->worker_latch = NULL;
-		outbox_shared->database_oid = InvalidOid;
+		s->worker_pid = 0;
+		s->worker_latch = NULL;
 	}
-	SpinLockRelease(&outbox_shared->mutex);
+	SpinLockRelease(&s->mutex);
 }
 
 /*
  * outbox_wake_worker
- *		Set the relay worker's latch if it serves the current database.
+ *		Set the latch of the relay serving the current database.
  *
  * control: the commit changed how the relay must run (pause(), resume(),
  * replay(), retry_failed()); a paused relay wakes up only for these, not for
@@ -126,37 +153,175 @@ outbox_shared_unregister_worker(int code, Datum arg)
 void
 outbox_wake_worker(bool control)
 {
-	Latch	   *latch = NULL;
+	int			i;
 
 	if (outbox_shared == NULL)
 		return;
-	SpinLockAcquire(&outbox_shared->mutex);
-	if (control)
-		outbox_shared->control_seq++;
-	/* a paused relay has no use for a wake-up per commit (see worker.c) */
-	if (outbox_shared->worker_pid != 0 &&
-		outbox_shared->database_oid == MyDatabaseId &&
-		(control || outbox_shared->state != OUTBOX_STATE_PAUSED))
-		latch = outbox_shared->worker_latch;
-	SpinLockRelease(&outbox_shared->mutex);
+	for (i = 0; i < outbox_shared->nslots; i++)
+	{
+		OutboxRelaySlot *s = &outbox_shared->slots[i];
+		Latch	   *latch = NULL;
 
-	if (latch != NULL)
-		SetLatch(latch);
+		/* unlocked peek: a slot of another database is not ours to lock */
+		if (s->database_oid != MyDatabaseId)
+			continue;
+		SpinLockAcquire(&s->mutex);
+		if (s->database_oid == MyDatabaseId)
+		{
+			if (control)
+				s->control_seq++;
+			/* a paused relay has no use for a wake-up per commit (worker.c) */
+			if (s->worker_pid != 0 && s->worker_latch != NULL &&
+				(control || s->state != OUTBOX_STATE_PAUSED))
+				latch = s->worker_latch;
+		}
+		SpinLockRelease(&s->mutex);
+		if (latch != NULL)
+			SetLatch(latch);
+	}
 }
 
 /*
  * outbox_control_seq
- *		How many control commits (see outbox_wake_worker) there have been.
+ *		How many control commits (see outbox_wake_worker) the calling
+ *		relay's slot has seen.
  */
 uint32
 outbox_control_seq(void)
 {
 	uint32		seq;
 
-	SpinLockAcquire(&outbox_shared->mutex);
-	seq = outbox_shared->control_seq;
-	SpinLockRelease(&outbox_shared->mutex);
+	if (outbox_my_slot == NULL)
+		return 0;
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	seq = outbox_my_slot->control_seq;
+	SpinLockRelease(&outbox_my_slot->mutex);
 	return seq;
+}
+
+/*
+ * outbox_wake_launcher
+ *		Set the launcher's latch, if it runs: it then re-reads pg_database,
+ *		the events of lifecycle.c and its settings within a second.
+ */
+void
+outbox_wake_launcher(void)
+{
+	Latch	   *latch;
+
+	if (outbox_shared == NULL)
+		return;
+	SpinLockAcquire(&outbox_shared->mutex);
+	latch = outbox_shared->launcher_pid != 0 ? outbox_shared->launcher_latch : NULL;
+	SpinLockRelease(&outbox_shared->mutex);
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/*
+ * outbox_shared_register_launcher
+ *		Publish the calling launcher's pid and latch, then stop the relays a
+ *		previous launcher left running (it ended with an ERROR: their
+ *		handles died with it), waiting up to wait_ms (milliseconds) for
+ *		them to exit, and free every slot.  After a crash restart shared
+ *		memory is new and there is nothing to stop.
+ */
+void
+outbox_shared_register_launcher(int wait_ms)
+{
+	int			waited;
+	int			i;
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	outbox_shared->launcher_pid = MyProcPid;
+	outbox_shared->launcher_latch = MyLatch;
+	SpinLockRelease(&outbox_shared->mutex);
+
+	for (waited = 0;; waited += 100)
+	{
+		bool		busy = false;
+
+		for (i = 0; i < outbox_shared->nslots; i++)
+		{
+			OutboxRelaySlot *s = &outbox_shared->slots[i];
+			pid_t		pid;
+
+			/* a relay has a latch; a slot a launcher held has none */
+			SpinLockAcquire(&s->mutex);
+			pid = s->worker_latch != NULL ? s->worker_pid : 0;
+			SpinLockRelease(&s->mutex);
+			if (pid != 0)
+			{
+				busy = true;
+				if (waited == 0)
+					(void) kill(pid, SIGTERM);
+			}
+		}
+		if (!busy || waited >= wait_ms)
+			break;
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(100000L);
+	}
+	for (i = 0; i < outbox_shared->nslots; i++)
+	{
+		OutboxRelaySlot *s = &outbox_shared->slots[i];
+
+		SpinLockAcquire(&s->mutex);
+		s->in_use = false;
+		s->database_oid = InvalidOid;
+		if (s->worker_latch == NULL)
+			s->worker_pid = 0;
+		SpinLockRelease(&s->mutex);
+	}
+}
+
+/*
+ * outbox_slot_take
+ *		Assign a free relay slot to database dboid (InvalidOid while it does
+ *		not exist) called name.  Returns the slot's index, or -1 if all
+ *		outbox.max_workers slots are in use.  Launcher only.
+ */
+int
+outbox_slot_take(Oid dboid, const char *name)
+{
+	int			i;
+
+	for (i = 0; i < outbox_shared->nslots; i++)
+	{
+		OutboxRelaySlot *s = &outbox_shared->slots[i];
+		bool		taken = false;
+
+		SpinLockAcquire(&s->mutex);
+		if (!s->in_use && s->worker_pid == 0)
+		{
+			s->in_use = true;
+			s->database_oid = dboid;
+			strlcpy(s->database_name, name, NAMEDATALEN);
+			taken = true;
+		}
+		SpinLockRelease(&s->mutex);
+		if (taken)
+			return i;
+	}
+	return -1;
+}
+
+/*
+ * outbox_slot_free
+ *		Give slot back: its relay has exited, or the launcher held it
+ *		itself (then its pid is cleared too).  Launcher only.
+ */
+void
+outbox_slot_free(int slot)
+{
+	OutboxRelaySlot *s = &outbox_shared->slots[slot];
+
+	SpinLockAcquire(&s->mutex);
+	s->in_use = false;
+	s->database_oid = InvalidOid;
+	if (s->worker_pid == MyProcPid)
+		s->worker_pid = 0;
+	SpinLockRelease(&s->mutex);
 }
 
 /* names of the OutboxWait values, in their order */

@@ -17,6 +17,7 @@
 
 #include "fmgr.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -65,7 +66,7 @@ outbox_enter_state(OutboxRelayState new_state, const char *error)
 		case OUTBOX_STATE_WAITING_FOR_EXTENSION:
 			ereport(LOG,
 					(errmsg("outbox relay is waiting for CREATE EXTENSION outbox in database \"%s\"",
-							outbox_database)));
+							outbox_relay_database)));
 			break;
 		case OUTBOX_STATE_PAUSED:
 			ereport(LOG,
@@ -82,7 +83,7 @@ outbox_enter_state(OutboxRelayState new_state, const char *error)
 			else if (old_state == OUTBOX_STATE_WAITING_FOR_EXTENSION)
 				ereport(LOG,
 						(errmsg("outbox relay found the extension in database \"%s\"",
-								outbox_database)));
+								outbox_relay_database)));
 			else if (old_state == OUTBOX_STATE_CONFIG_ERROR)
 				ereport(LOG,
 						(errmsg("outbox relay accepted the Kafka settings")));
@@ -108,11 +109,11 @@ outbox_relay_state(void)
 static void
 set_shared_state(OutboxRelayState state)
 {
-	if (outbox_shared == NULL)
+	if (outbox_my_slot == NULL)
 		return;
-	SpinLockAcquire(&outbox_shared->mutex);
-	outbox_shared->state = state;
-	SpinLockRelease(&outbox_shared->mutex);
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	outbox_my_slot->state = state;
+	SpinLockRelease(&outbox_my_slot->mutex);
 }
 
 /*
@@ -125,12 +126,12 @@ outbox_status_set_error(const char *error)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (outbox_shared == NULL)
+	if (outbox_my_slot == NULL)
 		return;
-	SpinLockAcquire(&outbox_shared->mutex);
-	strlcpy(outbox_shared->last_error, error, OUTBOX_ERROR_LEN);
-	outbox_shared->last_error_at = now;
-	SpinLockRelease(&outbox_shared->mutex);
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	strlcpy(outbox_my_slot->last_error, error, OUTBOX_ERROR_LEN);
+	outbox_my_slot->last_error_at = now;
+	SpinLockRelease(&outbox_my_slot->mutex);
 }
 
 /*
@@ -143,15 +144,15 @@ outbox_status_count(int64 published, int64 failed, int64 delivery_errors)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (outbox_shared == NULL)
+	if (outbox_my_slot == NULL)
 		return;
-	SpinLockAcquire(&outbox_shared->mutex);
-	outbox_shared->published += published;
-	outbox_shared->failed += failed;
-	outbox_shared->delivery_errors += delivery_errors;
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	outbox_my_slot->published += published;
+	outbox_my_slot->failed += failed;
+	outbox_my_slot->delivery_errors += delivery_errors;
 	if (published > 0)
-		outbox_shared->last_publish_at = now;
-	SpinLockRelease(&outbox_shared->mutex);
+		outbox_my_slot->last_publish_at = now;
+	SpinLockRelease(&outbox_my_slot->mutex);
 }
 
 /*
@@ -187,14 +188,41 @@ state_name(OutboxRelayState state)
 }
 
 /*
+ * outbox_status_slot
+ *		Record the state and error of a slot the launcher holds for a relay
+ *		that cannot connect yet (state waiting_for_database): the launcher's
+ *		pid shows in outbox.status until the relay runs.  pid 0 frees it.
+ */
+void
+outbox_status_slot(OutboxRelaySlot *slot, pid_t pid, OutboxRelayState state,
+				   const char *error)
+{
+	SpinLockAcquire(&slot->mutex);
+	if (slot->worker_pid != pid)
+	{
+		slot->started_at = GetCurrentTimestamp();
+		slot->published = slot->failed = slot->delivery_errors = 0;
+		slot->last_publish_at = 0;
+	}
+	slot->worker_pid = pid;
+	slot->worker_latch = NULL;
+	slot->state = state;
+	strlcpy(slot->last_error, error ? error : "", OUTBOX_ERROR_LEN);
+	slot->last_error_at = error ? GetCurrentTimestamp() : 0;
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
  * outbox_worker_status
  *		SQL: outbox.worker_status() RETURNS SETOF record (database, pid,
  *		state, published, failed, delivery_errors, last_publish_at,
  *		last_error, last_error_at, started_at).
  *
- * One row while a relay worker runs, none otherwise (and none when the
- * library is not preloaded).  Copies the struct under its spinlock and
- * builds the row afterwards, so the worker is never kept waiting.
+ * One row per relay slot in use: with outbox.databases empty (1.x, one
+ * relay) whatever database it serves; otherwise only the relays of the
+ * current database.  No rows when the library is not in
+ * shared_preload_libraries.  Copies each slot under its spinlock and builds
+ * the row afterwards, so no relay is ever kept waiting.
  *
  * Columns are filled by name from the declared result, so the same C
  * function serves every version of the SQL definition (1.0 had no
@@ -205,7 +233,8 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	TupleDesc	tupdesc;
-	OutboxShared snapshot;
+	OutboxRelaySlot snapshot;
+	int			n;
 	Datum	   *values;
 	bool	   *nulls;
 	int			i;
@@ -215,54 +244,58 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	if (outbox_shared == NULL)
 		return (Datum) 0;
 
-	SpinLockAcquire(&outbox_shared->mutex);
-	memcpy(&snapshot, outbox_shared, sizeof(OutboxShared));
-	SpinLockRelease(&outbox_shared->mutex);
-
-	if (snapshot.worker_pid == 0)
-		return (Datum) 0;
-
 	tupdesc = rsinfo->setDesc;
 	values = palloc0(sizeof(Datum) * tupdesc->natts);
 	nulls = palloc0(sizeof(bool) * tupdesc->natts);
-	for (i = 0; i < tupdesc->natts; i++)
+	for (n = 0; n < outbox_shared->nslots; n++)
 	{
-		const char *name = NameStr(TupleDescAttr(tupdesc, i)->attname);
+		SpinLockAcquire(&outbox_shared->slots[n].mutex);
+		memcpy(&snapshot, &outbox_shared->slots[n], sizeof(OutboxRelaySlot));
+		SpinLockRelease(&outbox_shared->slots[n].mutex);
 
-		if (strcmp(name, "database") == 0)
-			values[i] = DirectFunctionCall1(namein,
-											CStringGetDatum(snapshot.database_name));
-		else if (strcmp(name, "pid") == 0)
-			values[i] = Int32GetDatum(snapshot.worker_pid);
-		else if (strcmp(name, "state") == 0)
-			values[i] = CStringGetTextDatum(state_name(snapshot.state));
-		else if (strcmp(name, "published") == 0)
-			values[i] = Int64GetDatum(snapshot.published);
-		else if (strcmp(name, "failed") == 0)
-			values[i] = Int64GetDatum(snapshot.failed);
-		else if (strcmp(name, "delivery_errors") == 0)
-			values[i] = Int64GetDatum(snapshot.delivery_errors);
-		else if (strcmp(name, "last_publish_at") == 0)
+		if (snapshot.worker_pid == 0 ||
+			(outbox_databases[0] != '\0' && snapshot.database_oid != MyDatabaseId))
+			continue;
+		memset(nulls, 0, sizeof(bool) * tupdesc->natts);
+		for (i = 0; i < tupdesc->natts; i++)
 		{
-			values[i] = TimestampTzGetDatum(snapshot.last_publish_at);
-			nulls[i] = snapshot.last_publish_at == 0;
+			const char *name = NameStr(TupleDescAttr(tupdesc, i)->attname);
+
+			if (strcmp(name, "database") == 0)
+				values[i] = DirectFunctionCall1(namein,
+												CStringGetDatum(snapshot.database_name));
+			else if (strcmp(name, "pid") == 0)
+				values[i] = Int32GetDatum(snapshot.worker_pid);
+			else if (strcmp(name, "state") == 0)
+				values[i] = CStringGetTextDatum(state_name(snapshot.state));
+			else if (strcmp(name, "published") == 0)
+				values[i] = Int64GetDatum(snapshot.published);
+			else if (strcmp(name, "failed") == 0)
+				values[i] = Int64GetDatum(snapshot.failed);
+			else if (strcmp(name, "delivery_errors") == 0)
+				values[i] = Int64GetDatum(snapshot.delivery_errors);
+			else if (strcmp(name, "last_publish_at") == 0)
+			{
+				values[i] = TimestampTzGetDatum(snapshot.last_publish_at);
+				nulls[i] = snapshot.last_publish_at == 0;
+			}
+			else if (strcmp(name, "last_error") == 0)
+			{
+				values[i] = CStringGetTextDatum(snapshot.last_error);
+				nulls[i] = snapshot.last_error[0] == '\0';
+			}
+			else if (strcmp(name, "last_error_at") == 0)
+			{
+				values[i] = TimestampTzGetDatum(snapshot.last_error_at);
+				nulls[i] = snapshot.last_error_at == 0;
+			}
+			else if (strcmp(name, "started_at") == 0)
+				values[i] = TimestampTzGetDatum(snapshot.started_at);
+			else
+				nulls[i] = true;	/* a column this library does not know */
 		}
-		else if (strcmp(name, "last_error") == 0)
-		{
-			values[i] = CStringGetTextDatum(snapshot.last_error);
-			nulls[i] = snapshot.last_error[0] == '\0';
-		}
-		else if (strcmp(name, "last_error_at") == 0)
-		{
-			values[i] = TimestampTzGetDatum(snapshot.last_error_at);
-			nulls[i] = snapshot.last_error_at == 0;
-		}
-		else if (strcmp(name, "started_at") == 0)
-			values[i] = TimestampTzGetDatum(snapshot.started_at);
-		else
-			nulls[i] = true;	/* a column this library does not know */
+
+		tuplestore_putvalues(rsinfo->setResult, tupdesc, values, nulls);
 	}
-
-	tuplestore_putvalues(rsinfo->setResult, tupdesc, values, nulls);
 	return (Datum) 0;
 }

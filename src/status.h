@@ -14,6 +14,8 @@
 extern void outbox_enter_state(OutboxRelayState new_state, const char *error);
 extern OutboxRelayState outbox_relay_state(void);
 extern void outbox_status_set_error(const char *error);
+extern void outbox_status_slot(OutboxRelaySlot *slot, pid_t pid,
+							   OutboxRelayState state, const char *error);
 extern void outbox_status_count(int64 published, int64 failed,
 								int64 delivery_errors);
 

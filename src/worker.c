@@ -3,7 +3,8 @@
  * worker.c
  *	  The relay background worker: registration, start-up, main loop.
  *
- * The worker connects to outbox.database (connect.c) and loops: delete
+ * The launcher starts one per relayed database (launcher.c).  The worker
+ * connects to that database (connect.c) and loops: delete
  * expired published rows (retention.c), claim and publish a batch
  * (batch.c), then sleep on its latch until a committing transaction wakes
  * it (emit.c), librdkafka has events for it (producer.c), or
@@ -27,6 +28,7 @@
 #include "status.h"
 
 #include "access/xact.h"
+#include "commands/extension.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -38,9 +40,6 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
-
-/* seconds the postmaster waits before restarting a worker that exited */
-#define WORKER_RESTART_SECONDS	5
 
 /* while Kafka seems down and nothing is pending: how often to ask it */
 #define PROBE_INTERVAL_MS		5000
@@ -68,42 +67,21 @@ static void update_broker_state(const OutboxBatchResult *result);
 static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
-
-/*
- * outbox_register_worker
- *		Register the relay worker with the postmaster.  Called from _PG_init
- *		under shared_preload_libraries only.
- *
- * It starts only once recovery has finished, so never on a hot standby, and
- * by itself after promotion.
- */
-void
-outbox_register_worker(void)
-{
-	BackgroundWorker worker;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = WORKER_RESTART_SECONDS;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_worker_main");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox relay");
-	worker.bgw_main_arg = (Datum) 0;
-	worker.bgw_notify_pid = 0;
-	RegisterBackgroundWorker(&worker);
-}
+static bool extension_installed(void);
+pg_noreturn static void exit_without_extension(void);
 
 /*
  * outbox_worker_main
- *		Entry point of the relay worker, named in its registration; main_arg
- *		is unused.
+ *		Entry point of a relay worker, started by the launcher (launcher.c);
+ *		main_arg is the number of its slot in shared memory (an int32), and
+ *		bgw_extra says which database to serve (OutboxRelayArgs).
  *
  * Never returns: the loop ends with the process, by SIGTERM (FATAL at a
- * CHECK_FOR_INTERRUPTS) or postmaster death.  Errors inside the loop are
- * caught and retried (relay_loop); a FATAL while connecting makes the
- * postmaster restart the worker after WORKER_RESTART_SECONDS.
+ * CHECK_FOR_INTERRUPTS) or postmaster death, or, with outbox.databases =
+ * '*', with exit code 0 when the database has no extension (then the
+ * launcher starts no relay there until CREATE EXTENSION outbox).  Errors
+ * inside the loop are caught and retried (relay_loop); a FATAL while
+ * connecting makes the launcher start the worker again after a delay.
  */
 void
 outbox_worker_main(Datum main_arg)
@@ -150,15 +128,18 @@ outbox_worker_main(Datum main_arg)
 					PGC_S_OVERRIDE);
 	outbox_disable_transaction_timeout();
 
-	outbox_shared_register_worker();
+	outbox_shared_register_worker(DatumGetInt32(main_arg));
 	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
 
 	/* a SIGHUP that arrived before our handler was installed is not lost */
 	outbox_reload_config_file();
 
+	if (!extension_installed())
+		exit_without_extension();
+
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"",
-					outbox_database)));
+					outbox_relay_database)));
 
 	relay_loop();
 }
@@ -331,6 +312,8 @@ relay_step(void)
 
 	if (result.table_missing)
 	{
+		if (strcmp(outbox_databases, "*") == 0)
+			exit_without_extension();
 		outbox_enter_state(OUTBOX_STATE_WAITING_FOR_EXTENSION, NULL);
 		return outbox_poll_interval;
 	}
@@ -527,4 +510,41 @@ destroy_producer_at_exit(int code, Datum arg)
 		outbox_producer_destroy(producer);
 		producer = NULL;
 	}
+}
+
+/*
+ * Does the relay's database have the extension?  Always true unless
+ * outbox.databases is '*': only then does its absence end the relay (see
+ * exit_without_extension); otherwise the relay waits for it in the loop.
+ */
+static bool
+extension_installed(void)
+{
+	bool		found;
+
+	if (strcmp(outbox_databases, "*") != 0)
+		return true;
+	StartTransactionCommand();
+	found = OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true));
+	CommitTransactionCommand();
+	return found;
+}
+
+/*
+ * With outbox.databases = '*', a database without the extension has no
+ * relay: say so in the slot, so that the launcher does not start one again
+ * until CREATE EXTENSION outbox commits there (lifecycle.c), and exit with
+ * code 0.
+ */
+static void
+exit_without_extension(void)
+{
+	ereport(LOG,
+			(errmsg("outbox relay for database \"%s\" exits: the database has no extension outbox",
+					outbox_relay_database),
+			 errdetail("outbox.databases is \"*\"; the relay starts again after CREATE EXTENSION outbox there.")));
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	outbox_my_slot->extension_absent = true;
+	SpinLockRelease(&outbox_my_slot->mutex);
+	proc_exit(0);
 }

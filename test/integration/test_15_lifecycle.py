@@ -38,10 +38,13 @@ def all_log_lines(other):
 
 
 def since_ready(lines):
-    """The lines after the last "ready to accept connections" (drop those of a shutdown)."""
+    """The lines of the last server start, once it was ready (drop those of a shutdown).  They
+    begin at its "starting PostgreSQL" line: the launcher may log before the postmaster says
+    "ready to accept connections"."""
     ready = [i for i, ln in enumerate(lines) if "database system is ready to accept connections" in ln]
     assert ready, "\n".join(lines[-30:])
-    return lines[ready[-1] + 1:]
+    starts = [i for i, ln in enumerate(lines[:ready[-1]]) if "starting PostgreSQL" in ln]
+    return lines[(starts[-1] if starts else ready[-1]) + 1:]
 
 
 def make_probe(other):

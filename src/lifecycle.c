@@ -1,0 +1,274 @@
+/*-------------------------------------------------------------------------
+ *
+ * lifecycle.c
+ *	  What the launcher must hear about at once: CREATE EXTENSION outbox,
+ *	  and DDL on databases.
+ *
+ * A ProcessUtility hook, installed in every backend of a server that
+ * preloads the library, watches for
+ *	- CREATE EXTENSION outbox: at commit, the database's OID goes into a
+ *	  small list in shared memory and the launcher's latch is set, so that
+ *	  it starts (outbox.databases = '*') the database's relay within a
+ *	  second.  The callback runs after the commit is visible to new
+ *	  snapshots, so the relay finds the extension.
+ *	- CREATE DATABASE, ALTER DATABASE: the launcher is woken at commit to
+ *	  read pg_database again.
+ *	- DROP DATABASE (also WITH (FORCE)) and ALTER DATABASE ... RENAME,
+ *	  which PostgreSQL refuses while another session is connected to the
+ *	  database (it waits 5 s for them to leave): before core runs it, the
+ *	  database is marked blocked, its relays get SIGTERM and the hook waits
+ *	  up to RELEASE_WAIT_MS for them to exit.  The launcher starts no relay
+ *	  in a blocked database; the block ends with the transaction (commit or
+ *	  abort), or after BLOCK_MAX_MS should the backend never get there.
+ *	  Only a caller allowed to run the statement (superuser or the
+ *	  database's owner) releases the relays: anyone else's attempt leaves
+ *	  them alone.
+ *
+ * The hook only speeds things up: relays find a dropped extension by
+ * themselves, and the launcher reads pg_database every few seconds.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "lifecycle.h"
+
+#include <signal.h>
+
+#include "access/xact.h"
+#include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "utils/timestamp.h"
+
+/* how long DROP/RENAME DATABASE waits for the database's relays to exit */
+#define RELEASE_WAIT_MS		5000
+/* a block that outlives this was left by a backend that never ended it */
+#define BLOCK_MAX_MS		60000
+
+static ProcessUtility_hook_type prev_process_utility_hook = NULL;
+
+/* what the current transaction has to tell the launcher when it ends */
+static Oid	created_in = InvalidOid;	/* CREATE EXTENSION outbox here */
+static bool wake_at_commit = false;
+static int	held_block = -1;	/* index in blocked_db[], or -1 */
+static bool callback_registered = false;
+
+static void lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
+							  bool readOnlyTree, ProcessUtilityContext context,
+							  ParamListInfo params, QueryEnvironment *queryEnv,
+							  DestReceiver *dest, QueryCompletion *qc);
+static Oid	releasable_database(const char *name);
+static void release_database(Oid dboid);
+static void lifecycle_xact_callback(XactEvent event, void *arg);
+
+/*
+ * outbox_install_lifecycle_hook
+ *		Install the ProcessUtility hook.  Called from _PG_init in the
+ *		postmaster (shared_preload_libraries) only: the hook talks to the
+ *		launcher through shared memory.
+ */
+void
+outbox_install_lifecycle_hook(void)
+{
+	prev_process_utility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = lifecycle_utility;
+}
+
+/*
+ * outbox_database_blocked
+ *		Is a DROP or RENAME of database dboid under way (see the file
+ *		header)?  Then the launcher must not start a relay there.
+ */
+bool
+outbox_database_blocked(Oid dboid)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		blocked = false;
+	int			i;
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	for (i = 0; i < OUTBOX_MAX_BLOCKS; i++)
+	{
+		if (outbox_shared->blocked_db[i] == dboid &&
+			outbox_shared->blocked_until[i] > now)
+			blocked = true;
+	}
+	SpinLockRelease(&outbox_shared->mutex);
+	return blocked;
+}
+
+static void
+lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
+				  bool readOnlyTree, ProcessUtilityContext context,
+				  ParamListInfo params, QueryEnvironment *queryEnv,
+				  DestReceiver *dest, QueryCompletion *qc)
+{
+	Node	   *stmt = pstmt->utilityStmt;
+	Oid			release = InvalidOid;
+	bool		ext_created = false;
+	bool		wake = false;
+
+	switch (nodeTag(stmt))
+	{
+		case T_DropdbStmt:
+			release = releasable_database(((DropdbStmt *) stmt)->dbname);
+			break;
+		case T_RenameStmt:
+			if (((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
+				release = releasable_database(((RenameStmt *) stmt)->subname);
+			break;
+		case T_CreateExtensionStmt:
+			ext_created = strcmp(((CreateExtensionStmt *) stmt)->extname,
+								 OUTBOX_EXTENSION_NAME) == 0;
+			break;
+		case T_CreatedbStmt:
+		case T_AlterDatabaseStmt:
+			wake = true;
+			break;
+		default:
+			break;
+	}
+
+	if (OidIsValid(release) && outbox_shared != NULL)
+		release_database(release);
+
+	if (prev_process_utility_hook)
+		prev_process_utility_hook(pstmt, queryString, readOnlyTree,
+								  context, params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+
+	if (ext_created)
+		created_in = MyDatabaseId;
+	if (wake || ext_created)
+		wake_at_commit = true;
+	if ((wake || ext_created) && !callback_registered)
+	{
+		RegisterXactCallback(lifecycle_xact_callback, NULL);
+		callback_registered = true;
+	}
+}
+
+/*
+ * The OID of database name if the current user may drop or rename it
+ * (superuser or owner) and it is not the current database, else
+ * InvalidOid: core raises the error then, and the relays stay.
+ */
+static Oid
+releasable_database(const char *name)
+{
+	Oid			dboid = get_database_oid(name, true);
+
+	if (!OidIsValid(dboid) || dboid == MyDatabaseId)
+		return InvalidOid;
+	if (!superuser() && !outbox_database_ownercheck(dboid, GetUserId()))
+		return InvalidOid;
+	return dboid;
+}
+
+/*
+ * Block database dboid for the launcher, send its relays SIGTERM and wait
+ * up to RELEASE_WAIT_MS for them to exit.  SIGTERM cuts a batch's wait for
+ * Kafka short and marks what Kafka acknowledged (batch.c), so this takes a
+ * fraction of a second.  Should no block entry be free, core's own wait
+ * (5 s) still applies, and the launcher may start a relay again meanwhile.
+ */
+static void
+release_database(Oid dboid)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			waited;
+	int			i;
+
+	if (!callback_registered)
+	{
+		RegisterXactCallback(lifecycle_xact_callback, NULL);
+		callback_registered = true;
+	}
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	for (i = 0; i < OUTBOX_MAX_BLOCKS && held_block < 0; i++)
+	{
+		if (outbox_shared->blocked_db[i] == InvalidOid ||
+			outbox_shared->blocked_until[i] <= now)
+		{
+			outbox_shared->blocked_db[i] = dboid;
+			outbox_shared->blocked_by[i] = MyProcPid;
+			outbox_shared->blocked_until[i] =
+				TimestampTzPlusMilliseconds(now, BLOCK_MAX_MS);
+			held_block = i;
+		}
+	}
+	SpinLockRelease(&outbox_shared->mutex);
+	outbox_wake_launcher();
+
+	for (waited = 0;; waited += 10)
+	{
+		bool		busy = false;
+
+		for (i = 0; i < outbox_shared->nslots; i++)
+		{
+			OutboxRelaySlot *s = &outbox_shared->slots[i];
+			pid_t		pid = 0;
+
+			SpinLockAcquire(&s->mutex);
+			if (s->in_use && s->database_oid == dboid && s->worker_latch != NULL)
+				pid = s->worker_pid;
+			SpinLockRelease(&s->mutex);
+			if (pid != 0)
+			{
+				busy = true;
+				if (waited == 0)
+					(void) kill(pid, SIGTERM);
+			}
+		}
+		if (!busy || waited >= RELEASE_WAIT_MS)
+			break;
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(10000L);
+	}
+}
+
+/*
+ * At the end of a transaction that ran one of the statements above: tell
+ * the launcher what committed, and end a block (whether the DROP or RENAME
+ * committed or failed: the launcher then sees the outcome in pg_database).
+ */
+static void
+lifecycle_xact_callback(XactEvent event, void *arg)
+{
+	bool		tell = false;
+
+	if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT &&
+		event != XACT_EVENT_PREPARE)
+		return;
+
+	if (outbox_shared != NULL)
+	{
+		SpinLockAcquire(&outbox_shared->mutex);
+		if (event == XACT_EVENT_COMMIT && OidIsValid(created_in))
+		{
+			if (outbox_shared->nevents < OUTBOX_MAX_EVENTS)
+				outbox_shared->events[outbox_shared->nevents++] = created_in;
+			else
+				outbox_shared->events_overflow = true;
+		}
+		if (held_block >= 0 &&
+			outbox_shared->blocked_by[held_block] == MyProcPid)
+		{
+			outbox_shared->blocked_db[held_block] = InvalidOid;
+			outbox_shared->blocked_by[held_block] = 0;
+			outbox_shared->blocked_until[held_block] = 0;
+		}
+		SpinLockRelease(&outbox_shared->mutex);
+		tell = (event == XACT_EVENT_COMMIT && wake_at_commit) || held_block >= 0;
+	}
+
+	created_in = InvalidOid;
+	wake_at_commit = false;
+	held_block = -1;
+	if (tell)
+		outbox_wake_launcher();
+}

@@ -1,0 +1,204 @@
+"""
+The launcher and its per-database relays (issue 11, phase 1), on a throw-away cluster
+(env.pg_dir-launcher, port env.pg_port+30) with outbox.databases = '*':
+
+- three databases with the extension: one relay each, every event of each arrives once;
+- CREATE EXTENSION in a fourth database while the server runs: its relay starts and an event
+  emitted right after the CREATE EXTENSION arrives within a few seconds;
+- DROP DATABASE ... WITH (FORCE) of a relayed database returns quickly, no relay is started
+  into it again, and the other databases keep publishing; a plain DROP DATABASE too;
+- kill -9 of one relay (a crash restart of the server): every relay comes back, nothing lost;
+- a reload of outbox.databases to a list stops the relays of the databases left out;
+- outbox.max_workers smaller than the databases: one WARNING naming the unserved database.
+
+The 1.x configuration (outbox.database only) is what every other test runs on.
+"""
+import time
+
+from conftest import (LogWatcher, create_topics, emit, new_aggregate_type, pg_connect, pg_sh,
+                      query, query_one, report, topic_prefix, unique_messages, wait_until)
+from helpers_crash import kill9
+from helpers_lifecycle import (connect_db, extra_cluster, relay_exit_lines, server_crashes,
+                               set_system)
+
+DBS = ["lx_a", "lx_b", "lx_c"]
+LATE_DB = "lx_d"
+PER_DB = 20                     # events per database and round
+START_LIMIT_S = 5.0             # CREATE EXTENSION -> its event on Kafka
+DROP_LIMIT_S = 3.0              # DROP DATABASE [WITH (FORCE)] of a relayed database
+DELIVERY_TIMEOUT_S = 60
+
+
+def relays_by_db(conn):
+    """{datname: [pid, ...]} of the running relay workers."""
+    out = {}
+    for pid, db in query(conn, "SELECT pid, datname FROM pg_stat_activity"
+                               " WHERE backend_type = 'outbox relay' ORDER BY pid"):
+        out.setdefault(db, []).append(pid)
+    return out
+
+
+def ready_in(other, db):
+    """The relay of db is idle or publishing, per that database's outbox.status."""
+    c = connect_db(other, db)
+    try:
+        rows = query(c, "SELECT database, state FROM outbox.status")
+        return len(rows) == 1 and rows[0][0] == db and rows[0][1] in ("idle", "publishing")
+    finally:
+        c.close()
+
+
+def emit_in(other, db, agg, n, tag):
+    """n events in database db, one transaction; returns their event ids."""
+    c = connect_db(other, db, autocommit=False)
+    try:
+        with c.cursor() as cur:
+            ids = [emit(cur, agg, f"{db}-{i % 4}", "lx.event", {"db": db, "i": i, "tag": tag})
+                   for i in range(n)]
+        c.commit()
+        return ids
+    finally:
+        c.close()
+
+
+def received_ids(reader):
+    return {m.event_id for m in unique_messages(reader.snapshot())}
+
+
+def wait_received(reader, ids, timeout, what):
+    ids = set(ids)
+
+    def done():
+        reader.poll(0.2)
+        return ids <= received_ids(reader)
+    wait_until(done, timeout, what, interval=0)
+
+
+def test_launcher_relays_every_database(env, reader_factory):
+    agg = new_aggregate_type("lx")
+    figures = {}
+    with extra_cluster(env, "launcher", 30, database="postgres") as other:
+        c = pg_connect(other)
+        for d in DBS:
+            query(c, f"CREATE DATABASE {d}")
+            dc = connect_db(other, d)
+            query(dc, "CREATE EXTENSION outbox")
+            dc.close()
+        topic = topic_prefix(c) + agg
+        create_topics(env, [topic])
+        reader = reader_factory([topic])
+        watcher = LogWatcher(other)
+        set_system(c, "outbox.databases", "*")
+        for d in DBS:
+            wait_until(lambda: ready_in(other, d), 30, f"the relay of {d}")
+        # postgres has no extension: its probe relay exits at once
+        by_db = wait_until(lambda: (lambda r: r if sorted(r) == DBS else None)(relays_by_db(c)),
+                           15, "one relay per database with the extension")
+        assert all(len(p) == 1 for p in by_db.values()), by_db
+
+        # every database publishes its events
+        sent = {d: emit_in(other, d, agg, PER_DB, "round1") for d in DBS}
+        wait_received(reader, [i for ids in sent.values() for i in ids], DELIVERY_TIMEOUT_S,
+                      "round 1 from every database")
+
+        # CREATE EXTENSION in a fourth database while the server runs
+        query(c, f"CREATE DATABASE {LATE_DB}")
+        lc = connect_db(other, LATE_DB)
+        t0 = time.monotonic()
+        query(lc, "CREATE EXTENSION outbox")
+        late = emit_in(other, LATE_DB, agg, 1, "late")
+        wait_received(reader, late, 30, f"the first event of {LATE_DB}")
+        figures["create_extension_to_kafka_s"] = time.monotonic() - t0
+        lc.close()
+        sent[LATE_DB] = late
+        assert figures["create_extension_to_kafka_s"] < START_LIMIT_S, figures
+
+        # DROP DATABASE ... WITH (FORCE) of a relayed database returns quickly
+        dropped = DBS[2]
+        t0 = time.monotonic()
+        query(c, f"DROP DATABASE {dropped} WITH (FORCE)")
+        figures["drop_force_s"] = time.monotonic() - t0
+        assert figures["drop_force_s"] < DROP_LIMIT_S, figures
+        more = {d: emit_in(other, d, agg, PER_DB, "after_drop") for d in (DBS[0], DBS[1], LATE_DB)}
+        wait_received(reader, [i for ids in more.values() for i in ids], DELIVERY_TIMEOUT_S,
+                      "the other databases after the DROP")
+        time.sleep(2)           # a relay started into the dropped database would show by now
+        lines = watcher.new_lines()
+        assert dropped not in relays_by_db(c), relays_by_db(c)
+        restarted = [ln for ln in lines if f'outbox relay started for database "{dropped}"' in ln]
+        assert restarted == [], restarted
+
+        # kill -9 of one relay: the server restarts every process, every relay comes back
+        victim = relays_by_db(c)[DBS[0]][0]
+        c.close()
+        before_kill = {d: emit_in(other, d, agg, PER_DB, "before_kill")
+                       for d in (DBS[0], DBS[1], LATE_DB)}
+        kill9(victim)
+        t0 = time.monotonic()
+        c = wait_until(lambda: pg_connect(other), 60, "a connection after the crash restart")
+        wait_until(lambda: sorted(relays_by_db(c)) == sorted([DBS[0], DBS[1], LATE_DB])
+                   and victim not in relays_by_db(c).get(DBS[0], []),
+                   60, "every relay back after kill -9")
+        figures["relays_back_after_kill_s"] = time.monotonic() - t0
+        after_kill = {d: emit_in(other, d, agg, PER_DB, "after_kill")
+                      for d in (DBS[0], DBS[1], LATE_DB)}
+        wait_received(reader, [i for x in (before_kill, after_kill) for ids in x.values()
+                               for i in ids], DELIVERY_TIMEOUT_S, "every event around the kill")
+
+        # a plain DROP DATABASE of a relayed database is not blocked either
+        t0 = time.monotonic()
+        query(c, f"DROP DATABASE {DBS[1]}")
+        figures["drop_plain_s"] = time.monotonic() - t0
+        assert figures["drop_plain_s"] < DROP_LIMIT_S, figures
+
+        # reload to a list: the relay of the database left out stops
+        set_system(c, "outbox.databases", DBS[0])
+        wait_until(lambda: sorted(relays_by_db(c)) == [DBS[0]], 15,
+                   "only the listed database's relay")
+        last = emit_in(other, DBS[0], agg, PER_DB, "list")
+        wait_received(reader, last, DELIVERY_TIMEOUT_S, "events of the listed database")
+
+        lines = watcher.new_lines()
+        all_sent = [i for x in (sent, more, before_kill, after_kill) for ids in x.values()
+                    for i in ids] + last
+        got = received_ids(reader)
+        missing = set(all_sent) - got
+        assert not missing, f"{len(missing)} of {len(all_sent)} events never arrived"
+        crashes = server_crashes(lines)
+        report(f"OUTBOX LAUNCHER: 4 databases under outbox.databases='*', {len(all_sent)} events"
+               f" all received; CREATE EXTENSION -> first event on Kafka"
+               f" {figures['create_extension_to_kafka_s']:.2f}s; DROP DATABASE WITH (FORCE)"
+               f" {figures['drop_force_s']:.2f}s, plain DROP {figures['drop_plain_s']:.2f}s;"
+               f" relays back {figures['relays_back_after_kill_s']:.1f}s after kill -9"
+               f" ({len(crashes)} crash line(s)); relay exits logged {len(relay_exit_lines(lines))}")
+        c.close()
+
+
+def test_max_workers_leaves_databases_unserved(env):
+    with extra_cluster(env, "launcher-slots", 31, database="postgres") as other:
+        c = pg_connect(other)
+        for d in DBS:
+            query(c, f"CREATE DATABASE {d}")
+            dc = connect_db(other, d)
+            query(dc, "CREATE EXTENSION outbox")
+            dc.close()
+        # outbox.max_workers needs a restart; the list leaves postgres (no extension) out
+        query(c, "ALTER SYSTEM SET outbox.max_workers = 2")
+        query(c, "ALTER SYSTEM SET outbox.databases = %s", (",".join(DBS),))
+        c.close()
+        watcher = LogWatcher(other)
+        pg_sh(other, "restart")
+        c = wait_until(lambda: pg_connect(other), 30, "a connection after the restart")
+        wait_until(lambda: sorted(relays_by_db(c)) == DBS[:2], 30, "the first two relays")
+        time.sleep(3)           # several launcher passes: still one warning
+        lines = watcher.new_lines()
+        warned = [ln for ln in lines if "database(s) have no relay" in ln]
+        assert len(warned) == 1 and f'"{DBS[2]}"' in warned[0], warned
+        assert sorted(relays_by_db(c)) == DBS[:2], relays_by_db(c)
+        # the unserved database's emit() still works and says nothing is lost
+        dc = connect_db(other, DBS[2])
+        assert query_one(dc, "SELECT count(*) FROM outbox.status")[0] == 0
+        dc.close()
+        report(f"OUTBOX LAUNCHER slots: outbox.max_workers = 2, 3 databases: 2 relays, one WARNING"
+               f" naming {DBS[2]}")
+        c.close()
