@@ -1,6 +1,6 @@
 """
 The launcher and its per-database relays (issue 11, phase 1), on a throw-away cluster
-(env.pg_dir-launcher, port env.pg_port+30) with outbox.databases = '*':
+(env.pg_dir-launcher, port env.pg_port+28; +29 for the slots test) with outbox.databases = '*':
 
 - three databases with the extension: one relay each, every event of each arrives once;
 - CREATE EXTENSION in a fourth database while the server runs: its relay starts and an event
@@ -77,7 +77,7 @@ def wait_received(reader, ids, timeout, what):
 def test_launcher_relays_every_database(env, reader_factory):
     agg = new_aggregate_type("lx")
     figures = {}
-    with extra_cluster(env, "launcher", 30, database="postgres") as other:
+    with extra_cluster(env, "launcher", 28, database="postgres") as other:
         c = pg_connect(other)
         for d in DBS:
             query(c, f"CREATE DATABASE {d}")
@@ -115,6 +115,7 @@ def test_launcher_relays_every_database(env, reader_factory):
 
         # DROP DATABASE ... WITH (FORCE) of a relayed database returns quickly
         dropped = DBS[2]
+        w_drop = LogWatcher(other)
         t0 = time.monotonic()
         query(c, f"DROP DATABASE {dropped} WITH (FORCE)")
         figures["drop_force_s"] = time.monotonic() - t0
@@ -123,9 +124,9 @@ def test_launcher_relays_every_database(env, reader_factory):
         wait_received(reader, [i for ids in more.values() for i in ids], DELIVERY_TIMEOUT_S,
                       "the other databases after the DROP")
         time.sleep(2)           # a relay started into the dropped database would show by now
-        lines = watcher.new_lines()
         assert dropped not in relays_by_db(c), relays_by_db(c)
-        restarted = [ln for ln in lines if f'outbox relay started for database "{dropped}"' in ln]
+        restarted = [ln for ln in w_drop.new_lines()
+                     if f'outbox relay started for database "{dropped}"' in ln]
         assert restarted == [], restarted
 
         # kill -9 of one relay: the server restarts every process, every relay comes back
@@ -175,7 +176,7 @@ def test_launcher_relays_every_database(env, reader_factory):
 
 
 def test_max_workers_leaves_databases_unserved(env):
-    with extra_cluster(env, "launcher-slots", 31, database="postgres") as other:
+    with extra_cluster(env, "launcher-slots", 29, database="postgres") as other:
         c = pg_connect(other)
         for d in DBS:
             query(c, f"CREATE DATABASE {d}")
