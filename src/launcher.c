@@ -45,8 +45,6 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-/* seconds the postmaster waits before restarting a launcher that exited */
-#define LAUNCHER_RESTART_SECONDS	1
 /* pg_database is read again at least this often (ms) ... */
 #define LAUNCHER_NAP_MS				10000
 /* ... and this often while something waits (a database, a slot, a delay) */
@@ -74,6 +72,7 @@ typedef struct LauncherDb
 	BackgroundWorkerHandle *handle; /* its relay, while one runs */
 	bool		stopping;		/* we terminated it: no restart delay */
 	bool		absent;			/* '*': no extension there */
+	bool		created;		/* CREATE EXTENSION committed since the start */
 	TimestampTz absent_at;
 	TimestampTz started_at;
 	TimestampTz start_after;	/* restart delay */
@@ -96,32 +95,6 @@ static bool start_relay(LauncherDb *db, TimestampTz now);
 static int	take_slot(LauncherDb *db);
 static void free_slot(LauncherDb *db);
 static void log_unserved(StringInfo unserved, int count);
-
-/*
- * outbox_register_launcher
- *		Register the launcher with the postmaster.  Called from _PG_init
- *		under shared_preload_libraries only.
- *
- * It starts only once recovery has finished, so never on a hot standby,
- * and by itself after promotion.
- */
-void
-outbox_register_launcher(void)
-{
-	BackgroundWorker worker;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = LAUNCHER_RESTART_SECONDS;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_launcher_main");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox launcher");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox launcher");
-	worker.bgw_main_arg = (Datum) 0;
-	worker.bgw_notify_pid = 0;
-	RegisterBackgroundWorker(&worker);
-}
 
 /*
  * outbox_launcher_main
@@ -342,6 +315,8 @@ take_events(void)
 				break;
 		if (overflow || i < n)
 		{
+			/* a relay that looked before the commit must not make it absent */
+			db->created = true;
 			db->absent = false;
 			db->failures = 0;
 			db->start_after = 0;
@@ -387,6 +362,8 @@ reap_relays(TimestampTz now)
 		free_slot(db);
 		if (db->stopping)
 			db->stopping = false;
+		else if (absent && db->created)
+			db->start_after = 0;	/* it looked too early: start it again */
 		else if (absent)
 		{
 			db->absent = true;
@@ -574,6 +551,7 @@ start_relay(LauncherDb *db, TimestampTz now)
 		return false;
 	}
 	bgw_slots_exhausted = false;
+	db->created = false;
 	db->started_at = now;
 	db->stopping = false;
 	return true;

@@ -13,9 +13,10 @@
  *	  snapshots, so the relay finds the extension.
  *	- CREATE DATABASE, ALTER DATABASE: the launcher is woken at commit to
  *	  read pg_database again.
- *	- DROP DATABASE (also WITH (FORCE)) and ALTER DATABASE ... RENAME,
- *	  which PostgreSQL refuses while another session is connected to the
- *	  database (it waits 5 s for them to leave): before core runs it, the
+ *	- DROP DATABASE (also WITH (FORCE)), ALTER DATABASE ... RENAME and
+ *	  CREATE DATABASE ... TEMPLATE, which PostgreSQL refuses while another
+ *	  session is connected to the database (it waits 5 s for them to
+ *	  leave): before core runs it, the
  *	  database is marked blocked, its relays get SIGTERM and the hook waits
  *	  up to RELEASE_WAIT_MS for them to exit.  The launcher starts no relay
  *	  in a blocked database; the block ends with the transaction (commit or
@@ -37,6 +38,7 @@
 #include "access/xact.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
+#include "commands/defrem.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "utils/timestamp.h"
@@ -58,6 +60,7 @@ static void lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
 							  bool readOnlyTree, ProcessUtilityContext context,
 							  ParamListInfo params, QueryEnvironment *queryEnv,
 							  DestReceiver *dest, QueryCompletion *qc);
+static const char *option_value(List *options, const char *name);
 static Oid	releasable_database(const char *name);
 static void release_database(Oid dboid);
 static void lifecycle_xact_callback(XactEvent event, void *arg);
@@ -123,7 +126,16 @@ lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
 								 OUTBOX_EXTENSION_NAME) == 0;
 			break;
 		case T_CreatedbStmt:
+			/* CREATE DATABASE ... TEMPLATE d needs d to itself, too */
+			release = releasable_database(option_value(((CreatedbStmt *) stmt)->options,
+													   "template"));
+			wake = true;
+			break;
 		case T_AlterDatabaseStmt:
+			/*
+			 * Not released for SET TABLESPACE: movedb() commits in the
+			 * middle, which would end the block too early.
+			 */
 			wake = true;
 			break;
 		default:
@@ -152,14 +164,38 @@ lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
 }
 
 /*
- * The OID of database name if the current user may drop or rename it
- * (superuser or owner) and it is not the current database, else
- * InvalidOid: core raises the error then, and the relays stay.
+ * The value of option name ("template") in a CREATE/ALTER DATABASE option
+ * list, or NULL.
+ */
+static const char *
+option_value(List *options, const char *name)
+{
+	ListCell   *lc;
+
+	foreach(lc, options)
+	{
+		DefElem    *opt = lfirst(lc);
+
+		if (strcmp(opt->defname, name) == 0 && opt->arg != NULL)
+			return defGetString(opt);
+	}
+	return NULL;
+}
+
+/*
+ * The OID of database name (NULL: none) if the current user may drop,
+ * rename or copy it (superuser or owner) and it is not the current
+ * database, else InvalidOid: core raises the error then, and the relays
+ * stay.
  */
 static Oid
 releasable_database(const char *name)
 {
-	Oid			dboid = get_database_oid(name, true);
+	Oid			dboid;
+
+	if (name == NULL)
+		return InvalidOid;
+	dboid = get_database_oid(name, true);
 
 	if (!OidIsValid(dboid) || dboid == MyDatabaseId)
 		return InvalidOid;

@@ -18,8 +18,12 @@
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "postmaster/bgworker.h"
 
 PG_MODULE_MAGIC;
+
+/* seconds the postmaster waits before restarting a launcher that exited */
+#define LAUNCHER_RESTART_SECONDS	1
 
 void		_PG_init(void);
 
@@ -64,4 +68,30 @@ _PG_init(void)
 
 	outbox_install_lifecycle_hook();
 	outbox_register_launcher();
+}
+
+/*
+ * outbox_register_launcher
+ *		Register the launcher (launcher.c) with the postmaster.  Called from
+ *		_PG_init under shared_preload_libraries only.
+ *
+ * It starts only once recovery has finished, so never on a hot standby,
+ * and by itself after promotion.
+ */
+void
+outbox_register_launcher(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = LAUNCHER_RESTART_SECONDS;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_launcher_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox launcher");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox launcher");
+	worker.bgw_main_arg = (Datum) 0;
+	worker.bgw_notify_pid = 0;
+	RegisterBackgroundWorker(&worker);
 }

@@ -240,7 +240,7 @@ extern const char *outbox_relay_database;	/* name of the relay's database */
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
 /*
- * launcher.c: the launcher background worker
+ * outbox.c registers the launcher, launcher.c runs it
  */
 extern void outbox_register_launcher(void);
 extern PGDLLEXPORT void outbox_launcher_main(Datum main_arg);

@@ -68,7 +68,7 @@ static bool ensure_producer(void);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
 static bool extension_installed(void);
-pg_noreturn static void exit_without_extension(void);
+pg_noreturn static void exit_without_extension(bool dropped);
 
 /*
  * outbox_worker_main
@@ -135,7 +135,7 @@ outbox_worker_main(Datum main_arg)
 	outbox_reload_config_file();
 
 	if (!extension_installed())
-		exit_without_extension();
+		exit_without_extension(false);
 
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"",
@@ -313,7 +313,7 @@ relay_step(void)
 	if (result.table_missing)
 	{
 		if (strcmp(outbox_databases, "*") == 0)
-			exit_without_extension();
+			exit_without_extension(true);
 		outbox_enter_state(OUTBOX_STATE_WAITING_FOR_EXTENSION, NULL);
 		return outbox_poll_interval;
 	}
@@ -534,12 +534,14 @@ extension_installed(void)
  * With outbox.databases = '*', a database without the extension has no
  * relay: say so in the slot, so that the launcher does not start one again
  * until CREATE EXTENSION outbox commits there (lifecycle.c), and exit with
- * code 0.
+ * code 0.  dropped: the relay had found the extension, which is gone now
+ * (logged); otherwise it only looked (in every database without the
+ * extension at each launcher start: DEBUG1).
  */
 static void
-exit_without_extension(void)
+exit_without_extension(bool dropped)
 {
-	ereport(LOG,
+	ereport(dropped ? LOG : DEBUG1,
 			(errmsg("outbox relay for database \"%s\" exits: the database has no extension outbox",
 					outbox_relay_database),
 			 errdetail("outbox.databases is \"*\"; the relay starts again after CREATE EXTENSION outbox there.")));
