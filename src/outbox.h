@@ -223,7 +223,7 @@ typedef enum OutboxRelayCoverage
 {
 	OUTBOX_RELAYED,
 	OUTBOX_NOT_PRELOADED,		/* no relay runs: not in shared_preload_libraries */
-	OUTBOX_OTHER_DATABASE		/* the relay serves outbox.database, not this one */
+	OUTBOX_OTHER_DATABASE		/* not covered by outbox.databases (or .database) */
 } OutboxRelayCoverage;
 
 extern OutboxRelayCoverage outbox_relay_coverage(char **dbname);

@@ -197,18 +197,25 @@ void
 outbox_status_slot(OutboxRelaySlot *slot, pid_t pid, OutboxRelayState state,
 				   const char *error)
 {
+	TimestampTz now = GetCurrentTimestamp();
+
 	SpinLockAcquire(&slot->mutex);
 	if (slot->worker_pid != pid)
 	{
-		slot->started_at = GetCurrentTimestamp();
+		slot->started_at = now;
 		slot->published = slot->failed = slot->delivery_errors = 0;
 		slot->last_publish_at = 0;
 	}
 	slot->worker_pid = pid;
 	slot->worker_latch = NULL;
 	slot->state = state;
+	/* the launcher calls this every pass: the time is when the error began */
+	if (error == NULL)
+		slot->last_error_at = 0;
+	else if (strncmp(slot->last_error, error, OUTBOX_ERROR_LEN - 1) != 0 ||
+			 slot->last_error_at == 0)
+		slot->last_error_at = now;
 	strlcpy(slot->last_error, error ? error : "", OUTBOX_ERROR_LEN);
-	slot->last_error_at = error ? GetCurrentTimestamp() : 0;
 	SpinLockRelease(&slot->mutex);
 }
 
