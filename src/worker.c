@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * worker.c
- *	  The relay background worker: registration, start-up, main loop.
+ *	  A relay background worker: start-up, main loop.
  *
  * The launcher starts one per relayed database (launcher.c).  The worker
  * connects to that database (connect.c) and loops: delete

@@ -7,7 +7,8 @@ The launcher and its per-database relays (issue 11, phase 1), on a throw-away cl
   emitted right after the CREATE EXTENSION arrives within a few seconds;
 - DROP DATABASE ... WITH (FORCE) of a relayed database returns quickly, no relay is started
   into it again, and the other databases keep publishing; a plain DROP DATABASE too;
-- kill -9 of one relay (a crash restart of the server): every relay comes back, nothing lost;
+- kill -9 of one relay, then of the launcher (each a crash restart of the server): every relay
+  comes back, nothing lost;
 - a reload of outbox.databases to a list stops the relays of the databases left out;
 - outbox.max_workers smaller than the databases: one WARNING naming the unserved database.
 
@@ -141,6 +142,21 @@ def test_launcher_relays_every_database(env, reader_factory):
                    and victim not in relays_by_db(c).get(DBS[0], []),
                    60, "every relay back after kill -9")
         figures["relays_back_after_kill_s"] = time.monotonic() - t0
+
+        # kill -9 of the launcher: the same, and the relays it had are not doubled
+        launcher = query_one(c, "SELECT pid FROM pg_stat_activity"
+                                " WHERE backend_type = 'outbox launcher'")[0]
+        c.close()
+        kill9(launcher)
+        t0 = time.monotonic()
+        c = wait_until(lambda: pg_connect(other), 60, "a connection after the launcher's kill")
+        wait_until(lambda: (lambda r: sorted(r) == sorted([DBS[0], DBS[1], LATE_DB])
+                            and all(len(p) == 1 for p in r.values()))(relays_by_db(c))
+                   and query_one(c, "SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE backend_type = 'outbox launcher' AND pid <> %s",
+                                 (launcher,))[0] == 1,
+                   60, "a new launcher and every relay back after its kill -9")
+        figures["relays_back_after_launcher_kill_s"] = time.monotonic() - t0
         after_kill = {d: emit_in(other, d, agg, PER_DB, "after_kill")
                       for d in (DBS[0], DBS[1], LATE_DB)}
         wait_received(reader, [i for x in (before_kill, after_kill) for ids in x.values()
@@ -170,7 +186,8 @@ def test_launcher_relays_every_database(env, reader_factory):
                f" all received; CREATE EXTENSION -> first event on Kafka"
                f" {figures['create_extension_to_kafka_s']:.2f}s; DROP DATABASE WITH (FORCE)"
                f" {figures['drop_force_s']:.2f}s, plain DROP {figures['drop_plain_s']:.2f}s;"
-               f" relays back {figures['relays_back_after_kill_s']:.1f}s after kill -9"
+               f" relays back {figures['relays_back_after_kill_s']:.1f}s after kill -9 of a relay,"
+               f" {figures['relays_back_after_launcher_kill_s']:.1f}s after kill -9 of the launcher"
                f" ({len(crashes)} crash line(s)); relay exits logged {len(relay_exit_lines(lines))}")
         c.close()
 
