@@ -302,6 +302,9 @@ lifecycle_xact_callback(XactEvent event, void *arg)
 		tell = (event == XACT_EVENT_COMMIT && wake_at_commit) || held_block >= 0;
 	}
 
+	/* a relay waiting for the extension here (a list) need not poll for it */
+	if (event == XACT_EVENT_COMMIT && OidIsValid(created_in))
+		outbox_wake_worker(false);
 	created_in = InvalidOid;
 	wake_at_commit = false;
 	held_block = -1;

@@ -220,3 +220,29 @@ def test_max_workers_leaves_databases_unserved(env):
         report(f"OUTBOX LAUNCHER slots: outbox.max_workers = 2, 3 databases: 2 relays, one WARNING"
                f" naming {DBS[2]}")
         c.close()
+
+
+def test_relay_refused_by_its_database_is_restarted_with_backoff(env):
+    """A relay whose connection is refused (FATAL: no CONNECT privilege) is started again after
+    1, 2, 4, ... s, not in a loop; GRANT CONNECT back and it runs."""
+    observe_s = 12
+    with extra_cluster(env, "launcher-backoff", 28, database="postgres") as other:
+        c = pg_connect(other)
+        query(c, f"CREATE DATABASE {DBS[0]}")
+        query(c, "CREATE ROLE lx_relay LOGIN")
+        query(c, f"REVOKE CONNECT ON DATABASE {DBS[0]} FROM PUBLIC")
+        query(c, "ALTER SYSTEM SET outbox.role = 'lx_relay'")
+        query(c, "ALTER SYSTEM SET outbox.databases = %s", (DBS[0],))
+        c.close()
+        watcher = LogWatcher(other)
+        pg_sh(other, "restart")
+        c = wait_until(lambda: pg_connect(other), 30, "a connection after the restart")
+        time.sleep(observe_s)
+        exits = relay_exit_lines(watcher.new_lines())
+        # 1 + 2 + 4 s of delay fit into 12 s with the starts: 3 to 5 exits, not dozens
+        assert 2 <= len(exits) <= 6, exits
+        query(c, f"GRANT CONNECT ON DATABASE {DBS[0]} TO lx_relay")
+        wait_until(lambda: relays_by_db(c).get(DBS[0]), 40, "the relay once it may connect")
+        report(f"OUTBOX LAUNCHER backoff: a relay refused by its database exited {len(exits)} time(s)"
+               f" in {observe_s}s (delays 1, 2, 4, ... s), then ran once CONNECT was granted")
+        c.close()
