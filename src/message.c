@@ -73,7 +73,38 @@ typedef struct HeaderSpace
 	const char *names[64 + 3];
 	const char *values[64 + 3];
 	size_t		lens[64 + 3];
+	char		event_id[UUID_LEN * 2 + 5]; /* the id header's value */
 } HeaderSpace;
+
+/*
+ * A fetched row, deformed once: values[COL_x - 1] and nulls[COL_x - 1].
+ */
+typedef struct RowColumns
+{
+	Datum	   *values;
+	bool	   *nulls;
+} RowColumns;
+
+#define ROW_VALUE(row, col)		((row)->values[(col) - 1])
+#define ROW_ISNULL(row, col)	((row)->nulls[(col) - 1])
+
+/*
+ * The payload's JSON text, built in one buffer that lives as long as the
+ * worker (librdkafka copies it); shrunk again after an unusually large
+ * payload.
+ */
+#define PAYLOAD_BUFFER_KEEP		(64 * 1024)
+static StringInfo payload_buf = NULL;
+
+/*
+ * The topic of the last routed event (emitted without a topic): the next
+ * event of the same aggregate type under the same outbox.topic_prefix, as
+ * nearly every one in a backlog, reuses it and its legality check.
+ */
+static char *routed_prefix = NULL;
+static char *routed_aggregate_type = NULL;
+static char *routed_topic = NULL;
+static bool routed_legal = false;
 
 /*
  * Events that were refused together with others (see mark.c): ids, kept
@@ -84,16 +115,16 @@ static HTAB *suspects = NULL;
 
 static void produce_row(OutboxProducer *producer, Batch *batch,
 						HeapTuple tuple, TupleDesc tupdesc);
-static void read_claimed_row(BatchEntry *entry, HeapTuple tuple,
-							 TupleDesc tupdesc, char **aggregate_type,
-							 char **aggregate_id);
+static void read_claimed_row(BatchEntry *entry, const RowColumns *row,
+							 char **aggregate_type, char **aggregate_id);
+static const char *routed_topic_of(const char *aggregate_type, bool *legal);
 static bool must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 									   BatchEntry *entry);
-static void build_message(HeapTuple tuple, TupleDesc tupdesc,
+static void build_message(const RowColumns *row,
 						  const char *topic, const char *aggregate_type,
 						  const char *aggregate_id, HeaderSpace *space,
 						  OutboxMessage *msg);
-static void build_headers(HeapTuple tuple, TupleDesc tupdesc,
+static void build_headers(const RowColumns *row,
 						  const char *aggregate_type, HeaderSpace *space,
 						  OutboxMessage *msg);
 static rd_kafka_resp_err_t send_with_backpressure(OutboxProducer *producer,
@@ -101,8 +132,8 @@ static rd_kafka_resp_err_t send_with_backpressure(OutboxProducer *producer,
 												  const OutboxMessage *msg);
 static void entry_failed(Batch *batch, BatchEntry *entry,
 						 rd_kafka_resp_err_t err, const char *text);
-static char *text_column(HeapTuple tuple, TupleDesc tupdesc, int col,
-						 bool *isnull);
+static char *text_column(const RowColumns *row, int col);
+static char *uuid_column(const RowColumns *row, int col, char *buf);
 static int64 timestamptz_to_unix_ms(TimestampTz ts);
 static bool is_suspect(int64 id);
 static void absorb_barriers(void);
@@ -166,27 +197,35 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 	BatchEntry *entry = &batch->entries[index];
 	OutboxMessage msg;
 	HeaderSpace space;
+	RowColumns	row;
 	char	   *aggregate_type;
 	char	   *aggregate_id;
-	char	   *topic;
-	bool		isnull;
+	const char *topic;
+	bool		legal;
 	rd_kafka_resp_err_t err;
 
-	read_claimed_row(entry, tuple, tupdesc, &aggregate_type, &aggregate_id);
+	/* every column is read, so deform the row once (in the row context) */
+	Assert(tupdesc->natts >= COL_CTID);
+	row.values = palloc(sizeof(Datum) * tupdesc->natts);
+	row.nulls = palloc(sizeof(bool) * tupdesc->natts);
+	heap_deform_tuple(tuple, tupdesc, row.values, row.nulls);
+
+	read_claimed_row(entry, &row, &aggregate_type, &aggregate_id);
 	if (must_wait_behind_aggregate(producer, batch, entry))
 		return;
 
-	topic = text_column(tuple, tupdesc, COL_TOPIC, &isnull);
+	topic = text_column(&row, COL_TOPIC);
 	if (topic == NULL)
-		topic = outbox_routed_topic(outbox_topic_prefix, aggregate_type);
-	if (!outbox_topic_is_legal(topic, strlen(topic)))
+		topic = routed_topic_of(aggregate_type, &legal);
+	else
+		legal = outbox_topic_is_legal(topic, strlen(topic));
+	if (!legal)
 	{
 		entry_failed(batch, entry, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION,
 					 psprintf("\"%s\" is not a legal Kafka topic name", topic));
 		return;
 	}
-	build_message(tuple, tupdesc, topic, aggregate_type, aggregate_id, &space,
-				  &msg);
+	build_message(&row, topic, aggregate_type, aggregate_id, &space, &msg);
 
 	err = send_with_backpressure(producer, index, &msg);
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
@@ -221,18 +260,44 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
  * row, and return its aggregate type and id.
  */
 static void
-read_claimed_row(BatchEntry *entry, HeapTuple tuple, TupleDesc tupdesc,
+read_claimed_row(BatchEntry *entry, const RowColumns *row,
 				 char **aggregate_type, char **aggregate_id)
 {
-	bool		isnull;
-
-	entry->id = DatumGetInt64(SPI_getbinval(tuple, tupdesc, COL_ID, &isnull));
-	entry->attempts = DatumGetInt32(SPI_getbinval(tuple, tupdesc, COL_ATTEMPTS,
-												  &isnull));
-	entry->ctid = *((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, tupdesc, COL_CTID, &isnull)));
-	*aggregate_type = text_column(tuple, tupdesc, COL_AGGREGATE_TYPE, &isnull);
-	*aggregate_id = text_column(tuple, tupdesc, COL_AGGREGATE_ID, &isnull);
+	entry->id = DatumGetInt64(ROW_VALUE(row, COL_ID));
+	entry->attempts = DatumGetInt32(ROW_VALUE(row, COL_ATTEMPTS));
+	entry->ctid = *((ItemPointer) DatumGetPointer(ROW_VALUE(row, COL_CTID)));
+	*aggregate_type = text_column(row, COL_AGGREGATE_TYPE);
+	*aggregate_id = text_column(row, COL_AGGREGATE_ID);
 	entry->aggregate_hash = outbox_aggregate_hash(*aggregate_type, *aggregate_id);
+}
+
+/*
+ * The topic of an event emitted without one (outbox_routed_topic), and
+ * whether it is legal; the last one is remembered (see routed_topic).
+ */
+static const char *
+routed_topic_of(const char *aggregate_type, bool *legal)
+{
+	if (routed_topic == NULL ||
+		strcmp(routed_aggregate_type, aggregate_type) != 0 ||
+		strcmp(routed_prefix, outbox_topic_prefix) != 0)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+
+		if (routed_topic != NULL)
+		{
+			pfree(routed_prefix);
+			pfree(routed_aggregate_type);
+			pfree(routed_topic);
+		}
+		routed_prefix = pstrdup(outbox_topic_prefix);
+		routed_aggregate_type = pstrdup(aggregate_type);
+		routed_topic = outbox_routed_topic(routed_prefix, routed_aggregate_type);
+		routed_legal = outbox_topic_is_legal(routed_topic, strlen(routed_topic));
+		MemoryContextSwitchTo(oldcxt);
+	}
+	*legal = routed_legal;
+	return routed_topic;
 }
 
 /*
@@ -301,35 +366,44 @@ must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
  * the row has more than 64 headers.
  */
 static void
-build_message(HeapTuple tuple, TupleDesc tupdesc, const char *topic,
+build_message(const RowColumns *row, const char *topic,
 			  const char *aggregate_type, const char *aggregate_id,
 			  HeaderSpace *space, OutboxMessage *msg)
 {
-	bool		isnull;
-	Datum		d;
-
 	msg->topic = topic;
 	msg->key = aggregate_id;
 	msg->key_len = strlen(aggregate_id);
 
-	d = SPI_getbinval(tuple, tupdesc, COL_PAYLOAD, &isnull);
-	if (isnull)
+	if (ROW_ISNULL(row, COL_PAYLOAD))
 	{
 		msg->value = NULL;		/* tombstone */
 		msg->value_len = 0;
 	}
 	else
 	{
-		Jsonb	   *payload = DatumGetJsonbP(d);
+		Jsonb	   *payload = DatumGetJsonbP(ROW_VALUE(row, COL_PAYLOAD));
 
-		msg->value = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
-		msg->value_len = strlen(msg->value);
+		if (payload_buf == NULL || payload_buf->maxlen > PAYLOAD_BUFFER_KEEP)
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+
+			if (payload_buf != NULL)
+			{
+				pfree(payload_buf->data);
+				pfree(payload_buf);
+			}
+			payload_buf = makeStringInfo();
+			MemoryContextSwitchTo(oldcxt);
+		}
+		resetStringInfo(payload_buf);
+		(void) JsonbToCString(payload_buf, &payload->root, VARSIZE(payload));
+		msg->value = payload_buf->data;
+		msg->value_len = payload_buf->len;
 	}
 
-	d = SPI_getbinval(tuple, tupdesc, COL_CREATED_AT, &isnull);
-	msg->timestamp_ms = timestamptz_to_unix_ms(DatumGetTimestampTz(d));
+	msg->timestamp_ms = timestamptz_to_unix_ms(DatumGetTimestampTz(ROW_VALUE(row, COL_CREATED_AT)));
 
-	build_headers(tuple, tupdesc, aggregate_type, space, msg);
+	build_headers(row, aggregate_type, space, msg);
 }
 
 /*
@@ -337,23 +411,21 @@ build_message(HeapTuple tuple, TupleDesc tupdesc, const char *topic,
  * (sorted) order.  User headers whose value is not a string are left out.
  */
 static void
-build_headers(HeapTuple tuple, TupleDesc tupdesc, const char *aggregate_type,
+build_headers(const RowColumns *row, const char *aggregate_type,
 			  HeaderSpace *space, OutboxMessage *msg)
 {
 	const char **hnames = space->names;
 	const char **hvalues = space->values;
 	size_t	   *hlens = space->lens;
 	int			nheaders = 0;
-	bool		isnull;
+	bool		isnull = ROW_ISNULL(row, COL_HEADERS);
 	char	   *event_type;
 	char	   *event_id;
-	Datum		d;
+	Datum		d = ROW_VALUE(row, COL_HEADERS);
 
-	event_type = text_column(tuple, tupdesc, COL_EVENT_TYPE, &isnull);
-	d = SPI_getbinval(tuple, tupdesc, COL_EVENT_ID, &isnull);
-	event_id = DatumGetCString(DirectFunctionCall1(uuid_out, d));
+	event_type = text_column(row, COL_EVENT_TYPE);
+	event_id = uuid_column(row, COL_EVENT_ID, space->event_id);
 
-	d = SPI_getbinval(tuple, tupdesc, COL_HEADERS, &isnull);
 	if (!isnull)
 	{
 		Jsonb	   *headers = DatumGetJsonbP(d);
@@ -561,11 +633,32 @@ entry_failed(Batch *batch, BatchEntry *entry, rd_kafka_resp_err_t err,
 }
 
 static char *
-text_column(HeapTuple tuple, TupleDesc tupdesc, int col, bool *isnull)
+text_column(const RowColumns *row, int col)
 {
-	Datum		d = SPI_getbinval(tuple, tupdesc, col, isnull);
+	return ROW_ISNULL(row, col) ? NULL : TextDatumGetCString(ROW_VALUE(row, col));
+}
 
-	return *isnull ? NULL : TextDatumGetCString(d);
+/*
+ * The uuid in column col as uuid_out writes it (8-4-4-4-12 lower-case hex
+ * digits), in buf (UUID_LEN * 2 + 5 bytes).
+ */
+static char *
+uuid_column(const RowColumns *row, int col, char *buf)
+{
+	static const char hex[] = "0123456789abcdef";
+	const pg_uuid_t *uuid = DatumGetUUIDP(ROW_VALUE(row, col));
+	char	   *p = buf;
+	int			i;
+
+	for (i = 0; i < UUID_LEN; i++)
+	{
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			*p++ = '-';
+		*p++ = hex[uuid->data[i] >> 4];
+		*p++ = hex[uuid->data[i] & 0x0F];
+	}
+	*p = '\0';
+	return buf;
 }
 
 /* TimestampTz counts microseconds from 2000-01-01; Kafka wants Unix ms */
