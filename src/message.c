@@ -2,8 +2,9 @@
  *
  * message.c
  *	  A claimed row becomes a Kafka message: read the row, decide whether it
- *	  must wait behind its aggregate, build the message, send it with
- *	  backpressure; and wait for the delivery reports of a batch.
+ *	  must wait behind its aggregate, build the message (row_message.c),
+ *	  send it with backpressure; and wait for the delivery reports of a
+ *	  batch.
  *
  * How per-aggregate order is kept (the one description; the code it names
  * refers here):
@@ -40,6 +41,7 @@
  */
 #include "outbox.h"
 #include "message.h"
+#include "row_message.h"
 #include "snapshot.h"
 #include "status.h"
 #include "topic.h"
@@ -67,45 +69,6 @@
  */
 #define BARRIER_BYTES	65536
 
-/* headers of one message: ours, then up to 64 of the user's in place */
-typedef struct HeaderSpace
-{
-	const char *names[64 + 3];
-	const char *values[64 + 3];
-	size_t		lens[64 + 3];
-	char		event_id[UUID_LEN * 2 + 5]; /* the id header's value */
-} HeaderSpace;
-
-/*
- * A fetched row, deformed once: values[COL_x - 1] and nulls[COL_x - 1].
- */
-typedef struct RowColumns
-{
-	Datum	   *values;
-	bool	   *nulls;
-} RowColumns;
-
-#define ROW_VALUE(row, col)		((row)->values[(col) - 1])
-#define ROW_ISNULL(row, col)	((row)->nulls[(col) - 1])
-
-/*
- * The payload's JSON text, built in one buffer that lives as long as the
- * worker (librdkafka copies it); shrunk again after an unusually large
- * payload.
- */
-#define PAYLOAD_BUFFER_KEEP		(64 * 1024)
-static StringInfo payload_buf = NULL;
-
-/*
- * The topic of the last routed event (emitted without a topic): the next
- * event of the same aggregate type under the same outbox.topic_prefix, as
- * nearly every one in a backlog, reuses it and its legality check.
- */
-static char *routed_prefix = NULL;
-static char *routed_aggregate_type = NULL;
-static char *routed_topic = NULL;
-static bool routed_legal = false;
-
 /*
  * Events that were refused together with others (see mark.c): ids, kept
  * until the event is published or marked failed.  Such an event is produced
@@ -115,26 +78,15 @@ static HTAB *suspects = NULL;
 
 static void produce_row(OutboxProducer *producer, Batch *batch,
 						HeapTuple tuple, TupleDesc tupdesc);
-static void read_claimed_row(BatchEntry *entry, const RowColumns *row,
+static void read_claimed_row(BatchEntry *entry, const OutboxRow *row,
 							 char **aggregate_type, char **aggregate_id);
-static const char *routed_topic_of(const char *aggregate_type, bool *legal);
 static bool must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 									   BatchEntry *entry);
-static void build_message(const RowColumns *row,
-						  const char *topic, const char *aggregate_type,
-						  const char *aggregate_id, HeaderSpace *space,
-						  OutboxMessage *msg);
-static void build_headers(const RowColumns *row,
-						  const char *aggregate_type, HeaderSpace *space,
-						  OutboxMessage *msg);
 static rd_kafka_resp_err_t send_with_backpressure(OutboxProducer *producer,
 												  int index,
 												  const OutboxMessage *msg);
 static void entry_failed(Batch *batch, BatchEntry *entry,
 						 rd_kafka_resp_err_t err, const char *text);
-static char *text_column(const RowColumns *row, int col);
-static char *uuid_column(const RowColumns *row, int col, char *buf);
-static int64 timestamptz_to_unix_ms(TimestampTz ts);
 static bool is_suspect(int64 id);
 static void absorb_barriers(void);
 
@@ -196,27 +148,23 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 	int			index = batch->n;
 	BatchEntry *entry = &batch->entries[index];
 	OutboxMessage msg;
-	HeaderSpace space;
-	RowColumns	row;
+	OutboxHeaderSpace space;
+	OutboxRow	row;
 	char	   *aggregate_type;
 	char	   *aggregate_id;
 	const char *topic;
 	bool		legal;
 	rd_kafka_resp_err_t err;
 
-	/* every column is read, so deform the row once (in the row context) */
-	Assert(tupdesc->natts >= COL_CTID);
-	row.values = palloc(sizeof(Datum) * tupdesc->natts);
-	row.nulls = palloc(sizeof(bool) * tupdesc->natts);
-	heap_deform_tuple(tuple, tupdesc, row.values, row.nulls);
+	outbox_row_deform(tuple, tupdesc, &row);
 
 	read_claimed_row(entry, &row, &aggregate_type, &aggregate_id);
 	if (must_wait_behind_aggregate(producer, batch, entry))
 		return;
 
-	topic = text_column(&row, COL_TOPIC);
+	topic = outbox_row_text(&row, COL_TOPIC);
 	if (topic == NULL)
-		topic = routed_topic_of(aggregate_type, &legal);
+		topic = outbox_row_routed_topic(aggregate_type, &legal);
 	else
 		legal = outbox_topic_is_legal(topic, strlen(topic));
 	if (!legal)
@@ -225,7 +173,7 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 					 psprintf("\"%s\" is not a legal Kafka topic name", topic));
 		return;
 	}
-	build_message(&row, topic, aggregate_type, aggregate_id, &space, &msg);
+	outbox_row_build_message(&row, topic, aggregate_type, aggregate_id, &space, &msg);
 
 	err = send_with_backpressure(producer, index, &msg);
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
@@ -260,44 +208,15 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
  * row, and return its aggregate type and id.
  */
 static void
-read_claimed_row(BatchEntry *entry, const RowColumns *row,
+read_claimed_row(BatchEntry *entry, const OutboxRow *row,
 				 char **aggregate_type, char **aggregate_id)
 {
 	entry->id = DatumGetInt64(ROW_VALUE(row, COL_ID));
 	entry->attempts = DatumGetInt32(ROW_VALUE(row, COL_ATTEMPTS));
 	entry->ctid = *((ItemPointer) DatumGetPointer(ROW_VALUE(row, COL_CTID)));
-	*aggregate_type = text_column(row, COL_AGGREGATE_TYPE);
-	*aggregate_id = text_column(row, COL_AGGREGATE_ID);
+	*aggregate_type = outbox_row_text(row, COL_AGGREGATE_TYPE);
+	*aggregate_id = outbox_row_text(row, COL_AGGREGATE_ID);
 	entry->aggregate_hash = outbox_aggregate_hash(*aggregate_type, *aggregate_id);
-}
-
-/*
- * The topic of an event emitted without one (outbox_routed_topic), and
- * whether it is legal; the last one is remembered (see routed_topic).
- */
-static const char *
-routed_topic_of(const char *aggregate_type, bool *legal)
-{
-	if (routed_topic == NULL ||
-		strcmp(routed_aggregate_type, aggregate_type) != 0 ||
-		strcmp(routed_prefix, outbox_topic_prefix) != 0)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-
-		if (routed_topic != NULL)
-		{
-			pfree(routed_prefix);
-			pfree(routed_aggregate_type);
-			pfree(routed_topic);
-		}
-		routed_prefix = pstrdup(outbox_topic_prefix);
-		routed_aggregate_type = pstrdup(aggregate_type);
-		routed_topic = outbox_routed_topic(routed_prefix, routed_aggregate_type);
-		routed_legal = outbox_topic_is_legal(routed_topic, strlen(routed_topic));
-		MemoryContextSwitchTo(oldcxt);
-	}
-	*legal = routed_legal;
-	return routed_topic;
 }
 
 /*
@@ -357,120 +276,6 @@ must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 		entry->isolated = true;
 	}
 	return false;
-}
-
-/*
- * Build the Kafka message of a claimed row for topic: the aggregate id is
- * the key, the payload the value (NULL: a tombstone), created_at the
- * timestamp.  The header arrays live in *space, or in palloc'd memory when
- * the row has more than 64 headers.
- */
-static void
-build_message(const RowColumns *row, const char *topic,
-			  const char *aggregate_type, const char *aggregate_id,
-			  HeaderSpace *space, OutboxMessage *msg)
-{
-	msg->topic = topic;
-	msg->key = aggregate_id;
-	msg->key_len = strlen(aggregate_id);
-
-	if (ROW_ISNULL(row, COL_PAYLOAD))
-	{
-		msg->value = NULL;		/* tombstone */
-		msg->value_len = 0;
-	}
-	else
-	{
-		Jsonb	   *payload = DatumGetJsonbP(ROW_VALUE(row, COL_PAYLOAD));
-
-		if (payload_buf == NULL || payload_buf->maxlen > PAYLOAD_BUFFER_KEEP)
-		{
-			MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-
-			if (payload_buf != NULL)
-			{
-				pfree(payload_buf->data);
-				pfree(payload_buf);
-			}
-			payload_buf = makeStringInfo();
-			MemoryContextSwitchTo(oldcxt);
-		}
-		resetStringInfo(payload_buf);
-		(void) JsonbToCString(payload_buf, &payload->root, VARSIZE(payload));
-		msg->value = payload_buf->data;
-		msg->value_len = payload_buf->len;
-	}
-
-	msg->timestamp_ms = timestamptz_to_unix_ms(DatumGetTimestampTz(ROW_VALUE(row, COL_CREATED_AT)));
-
-	build_headers(row, aggregate_type, space, msg);
-}
-
-/*
- * Set msg's headers: our headers first, then the user's, in their jsonb
- * (sorted) order.  User headers whose value is not a string are left out.
- */
-static void
-build_headers(const RowColumns *row, const char *aggregate_type,
-			  HeaderSpace *space, OutboxMessage *msg)
-{
-	const char **hnames = space->names;
-	const char **hvalues = space->values;
-	size_t	   *hlens = space->lens;
-	int			nheaders = 0;
-	bool		isnull = ROW_ISNULL(row, COL_HEADERS);
-	char	   *event_type;
-	char	   *event_id;
-	Datum		d = ROW_VALUE(row, COL_HEADERS);
-
-	event_type = text_column(row, COL_EVENT_TYPE);
-	event_id = uuid_column(row, COL_EVENT_ID, space->event_id);
-
-	if (!isnull)
-	{
-		Jsonb	   *headers = DatumGetJsonbP(d);
-		int			count = JB_ROOT_IS_OBJECT(headers) ? JB_ROOT_COUNT(headers) : 0;
-
-		if (count > 64)
-		{
-			hnames = palloc(sizeof(char *) * (count + 3));
-			hvalues = palloc(sizeof(char *) * (count + 3));
-			hlens = palloc(sizeof(size_t) * (count + 3));
-		}
-	}
-	hnames[nheaders] = OUTBOX_HEADER_ID;
-	hvalues[nheaders] = event_id;
-	hlens[nheaders++] = strlen(event_id);
-	hnames[nheaders] = OUTBOX_HEADER_EVENT_TYPE;
-	hvalues[nheaders] = event_type;
-	hlens[nheaders++] = strlen(event_type);
-	hnames[nheaders] = OUTBOX_HEADER_AGGREGATE_TYPE;
-	hvalues[nheaders] = aggregate_type;
-	hlens[nheaders++] = strlen(aggregate_type);
-	if (!isnull)
-	{
-		Jsonb	   *headers = DatumGetJsonbP(d);
-		JsonbIterator *it = JsonbIteratorInit(&headers->root);
-		JsonbValue	v;
-		JsonbIteratorToken tok;
-		char	   *key = NULL;
-
-		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-		{
-			if (tok == WJB_KEY)
-				key = pnstrdup(v.val.string.val, v.val.string.len);
-			else if (tok == WJB_VALUE && v.type == jbvString && key != NULL)
-			{
-				hnames[nheaders] = key;
-				hvalues[nheaders] = v.val.string.val;
-				hlens[nheaders++] = v.val.string.len;
-			}
-		}
-	}
-	msg->nheaders = nheaders;
-	msg->header_names = hnames;
-	msg->header_values = hvalues;
-	msg->header_lens = hlens;
 }
 
 /*
@@ -630,41 +435,4 @@ entry_failed(Batch *batch, BatchEntry *entry, rd_kafka_resp_err_t err,
 	entry->error = err;
 	entry->error_text = MemoryContextStrdup(batch->cxt, text);
 	batch->nblocking++;
-}
-
-static char *
-text_column(const RowColumns *row, int col)
-{
-	return ROW_ISNULL(row, col) ? NULL : TextDatumGetCString(ROW_VALUE(row, col));
-}
-
-/*
- * The uuid in column col as uuid_out writes it (8-4-4-4-12 lower-case hex
- * digits), in buf (UUID_LEN * 2 + 5 bytes).
- */
-static char *
-uuid_column(const RowColumns *row, int col, char *buf)
-{
-	static const char hex[] = "0123456789abcdef";
-	const pg_uuid_t *uuid = DatumGetUUIDP(ROW_VALUE(row, col));
-	char	   *p = buf;
-	int			i;
-
-	for (i = 0; i < UUID_LEN; i++)
-	{
-		if (i == 4 || i == 6 || i == 8 || i == 10)
-			*p++ = '-';
-		*p++ = hex[uuid->data[i] >> 4];
-		*p++ = hex[uuid->data[i] & 0x0F];
-	}
-	*p = '\0';
-	return buf;
-}
-
-/* TimestampTz counts microseconds from 2000-01-01; Kafka wants Unix ms */
-static int64
-timestamptz_to_unix_ms(TimestampTz ts)
-{
-	return ts / 1000 +
-		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
 }
