@@ -9,10 +9,9 @@
  * then every new event extends the table.  Autovacuum visits a database once
  * per autovacuum_naptime (1 min by default), and at 20,000 events/s the relay
  * deletes 1,200,000 rows in that minute: measured, the table grew to 3
- * times the rows it keeps.  So, with outbox.vacuum_interval set (0, the
- * default in 1.4, leaves the table to autovacuum), the relay starts a VACUUM
- * of the table itself once that interval has passed and enough rows were
- * deleted.  It runs in its own process, on
+ * times the rows it keeps.  So the relay starts a VACUUM of the table itself
+ * once outbox.vacuum_interval (5 s; 0 leaves the table to autovacuum) has
+ * passed and enough rows were deleted.  It runs in its own process, on
  * another core, so publishing never waits for it, and with SKIP_LOCKED, so
  * it steps aside when autovacuum (or a user's VACUUM) is already at the
  * table.  Autovacuum stays on for the table: it

@@ -6,7 +6,7 @@ for autovacuum's next visit (autovacuum_naptime, 1 min by default).
 
 To see the relay's VACUUM alone, autovacuum is turned off for the table during the test
 (ALTER TABLE ... SET (autovacuum_enabled = off), reset at the end); outbox.retention is 1 s and
-outbox.vacuum_interval 1 s (its default is 0: off).  The test runs in the cluster's relay mode: in
+outbox.vacuum_interval 1 s (its default is 5 s).  The test runs in the cluster's relay mode: in
 row mode the retention deletes a run over several passes, as its rows reach their age batch by
 batch, and the tail deleted after the relay's last VACUUM must be vacuumed too (a "wave" of
 deletes ended).
