@@ -99,16 +99,6 @@ outbox_register_worker(void)
 }
 
 /*
- * outbox_worker_main
- *		Entry point of the relay worker, named in its registration; main_arg
- *		is unused.
- *
- * Never returns: the loop ends with the process, by SIGTERM (FATAL at a
- * CHECK_FOR_INTERRUPTS) or postmaster death.  Errors inside the loop are
- * caught and retried (relay_loop); a FATAL while connecting makes the
- * postmaster restart the worker after WORKER_RESTART_SECONDS.
- */
-/*
  * The relay allocates and frees the same few megabytes per batch: the
  * messages librdkafka copies (freed by the delivery reports), the SPI
  * tuple tables, the batch's memory contexts.  With glibc's defaults the
@@ -129,6 +119,16 @@ keep_freed_memory(void)
 #endif
 }
 
+/*
+ * outbox_worker_main
+ *		Entry point of the relay worker, named in its registration; main_arg
+ *		is unused.
+ *
+ * Never returns: the loop ends with the process, by SIGTERM (FATAL at a
+ * CHECK_FOR_INTERRUPTS) or postmaster death.  Errors inside the loop are
+ * caught and retried (relay_loop); a FATAL while connecting makes the
+ * postmaster restart the worker after WORKER_RESTART_SECONDS.
+ */
 void
 outbox_worker_main(Datum main_arg)
 {
