@@ -53,10 +53,8 @@
 #include "storage/procsignal.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
-#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
-#include "utils/uuid.h"
 
 /* rows fetched from the claim cursor at a time */
 #define CLAIM_FETCH_SIZE	256
