@@ -31,6 +31,7 @@ OBJS = \
 	src/connect.o \
 	src/batch.o \
 	src/message.o \
+	src/row_message.o \
 	src/mark.o \
 	src/snapshot.o \
 	src/retention.o \

@@ -27,7 +27,7 @@
 #   BENCH_STEADY_BATCH      1000      section 5: events per transaction (one emit() statement)
 #   BENCH_STEADY_CONNECTIONS 2        section 5: loader connections sharing one schedule
 #   BENCH_STEADY_SAMPLE_SECONDS 10    section 5: sampling interval of the table's size
-#   BENCH_STEADY_CASES      snapshot:outbox.vacuum_interval=5,snapshot,row
+#   BENCH_STEADY_CASES      snapshot,snapshot:outbox.vacuum_interval=0,row
 #                                     section 5: comma-separated cases, each run on a fresh table:
 #                                     row|snapshot[:key=value...], key = a storage parameter of
 #                                     outbox.events (fillfactor, autovacuum_vacuum_threshold, ...),

@@ -59,7 +59,7 @@ static bool kafka_properties_refused_on_command_line = false;
 static uint64 kafka_properties_file_refusals = 0;
 
 int			outbox_retention = 60;
-int			outbox_vacuum_interval = 0;
+int			outbox_vacuum_interval = 5;
 int			outbox_delivery_timeout = 30000;
 int			outbox_retry_backoff_max = 30000;
 int			outbox_max_attempts = 10;
@@ -196,7 +196,7 @@ outbox_define_gucs(void)
 							"Least time between the VACUUMs of outbox.events the relay starts after retention deleted rows.",
 							"0 leaves the table to autovacuum alone.",
 							&outbox_vacuum_interval,
-							0, 0, 3600,
+							5, 0, 3600,
 							PGC_SIGHUP,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);

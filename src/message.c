@@ -2,8 +2,9 @@
  *
  * message.c
  *	  A claimed row becomes a Kafka message: read the row, decide whether it
- *	  must wait behind its aggregate, build the message, send it with
- *	  backpressure; and wait for the delivery reports of a batch.
+ *	  must wait behind its aggregate, build the message (row_message.c),
+ *	  send it with backpressure; and wait for the delivery reports of a
+ *	  batch.
  *
  * How per-aggregate order is kept (the one description; the code it names
  * refers here):
@@ -40,6 +41,7 @@
  */
 #include "outbox.h"
 #include "message.h"
+#include "row_message.h"
 #include "snapshot.h"
 #include "status.h"
 #include "topic.h"
@@ -51,10 +53,8 @@
 #include "storage/procsignal.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
-#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
-#include "utils/uuid.h"
 
 /* rows fetched from the claim cursor at a time */
 #define CLAIM_FETCH_SIZE	256
@@ -67,14 +67,6 @@
  */
 #define BARRIER_BYTES	65536
 
-/* headers of one message: ours, then up to 64 of the user's in place */
-typedef struct HeaderSpace
-{
-	const char *names[64 + 3];
-	const char *values[64 + 3];
-	size_t		lens[64 + 3];
-} HeaderSpace;
-
 /*
  * Events that were refused together with others (see mark.c): ids, kept
  * until the event is published or marked failed.  Such an event is produced
@@ -84,26 +76,15 @@ static HTAB *suspects = NULL;
 
 static void produce_row(OutboxProducer *producer, Batch *batch,
 						HeapTuple tuple, TupleDesc tupdesc);
-static void read_claimed_row(BatchEntry *entry, HeapTuple tuple,
-							 TupleDesc tupdesc, char **aggregate_type,
-							 char **aggregate_id);
+static void read_claimed_row(BatchEntry *entry, const OutboxRow *row,
+							 char **aggregate_type, char **aggregate_id);
 static bool must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 									   BatchEntry *entry);
-static void build_message(HeapTuple tuple, TupleDesc tupdesc,
-						  const char *topic, const char *aggregate_type,
-						  const char *aggregate_id, HeaderSpace *space,
-						  OutboxMessage *msg);
-static void build_headers(HeapTuple tuple, TupleDesc tupdesc,
-						  const char *aggregate_type, HeaderSpace *space,
-						  OutboxMessage *msg);
 static rd_kafka_resp_err_t send_with_backpressure(OutboxProducer *producer,
 												  int index,
 												  const OutboxMessage *msg);
 static void entry_failed(Batch *batch, BatchEntry *entry,
 						 rd_kafka_resp_err_t err, const char *text);
-static char *text_column(HeapTuple tuple, TupleDesc tupdesc, int col,
-						 bool *isnull);
-static int64 timestamptz_to_unix_ms(TimestampTz ts);
 static bool is_suspect(int64 id);
 static void absorb_barriers(void);
 
@@ -165,28 +146,32 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 	int			index = batch->n;
 	BatchEntry *entry = &batch->entries[index];
 	OutboxMessage msg;
-	HeaderSpace space;
+	OutboxHeaderSpace space;
+	OutboxRow	row;
 	char	   *aggregate_type;
 	char	   *aggregate_id;
-	char	   *topic;
-	bool		isnull;
+	const char *topic;
+	bool		legal;
 	rd_kafka_resp_err_t err;
 
-	read_claimed_row(entry, tuple, tupdesc, &aggregate_type, &aggregate_id);
+	outbox_row_deform(tuple, tupdesc, &row);
+
+	read_claimed_row(entry, &row, &aggregate_type, &aggregate_id);
 	if (must_wait_behind_aggregate(producer, batch, entry))
 		return;
 
-	topic = text_column(tuple, tupdesc, COL_TOPIC, &isnull);
+	topic = outbox_row_text(&row, COL_TOPIC);
 	if (topic == NULL)
-		topic = outbox_routed_topic(outbox_topic_prefix, aggregate_type);
-	if (!outbox_topic_is_legal(topic, strlen(topic)))
+		topic = outbox_row_routed_topic(aggregate_type, &legal);
+	else
+		legal = outbox_topic_is_legal(topic, strlen(topic));
+	if (!legal)
 	{
 		entry_failed(batch, entry, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION,
 					 psprintf("\"%s\" is not a legal Kafka topic name", topic));
 		return;
 	}
-	build_message(tuple, tupdesc, topic, aggregate_type, aggregate_id, &space,
-				  &msg);
+	outbox_row_build_message(&row, topic, aggregate_type, aggregate_id, &space, &msg);
 
 	err = send_with_backpressure(producer, index, &msg);
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
@@ -221,17 +206,14 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
  * row, and return its aggregate type and id.
  */
 static void
-read_claimed_row(BatchEntry *entry, HeapTuple tuple, TupleDesc tupdesc,
+read_claimed_row(BatchEntry *entry, const OutboxRow *row,
 				 char **aggregate_type, char **aggregate_id)
 {
-	bool		isnull;
-
-	entry->id = DatumGetInt64(SPI_getbinval(tuple, tupdesc, COL_ID, &isnull));
-	entry->attempts = DatumGetInt32(SPI_getbinval(tuple, tupdesc, COL_ATTEMPTS,
-												  &isnull));
-	entry->ctid = *((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, tupdesc, COL_CTID, &isnull)));
-	*aggregate_type = text_column(tuple, tupdesc, COL_AGGREGATE_TYPE, &isnull);
-	*aggregate_id = text_column(tuple, tupdesc, COL_AGGREGATE_ID, &isnull);
+	entry->id = DatumGetInt64(ROW_VALUE(row, COL_ID));
+	entry->attempts = DatumGetInt32(ROW_VALUE(row, COL_ATTEMPTS));
+	entry->ctid = *((ItemPointer) DatumGetPointer(ROW_VALUE(row, COL_CTID)));
+	*aggregate_type = outbox_row_text(row, COL_AGGREGATE_TYPE);
+	*aggregate_id = outbox_row_text(row, COL_AGGREGATE_ID);
 	entry->aggregate_hash = outbox_aggregate_hash(*aggregate_type, *aggregate_id);
 }
 
@@ -292,113 +274,6 @@ must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 		entry->isolated = true;
 	}
 	return false;
-}
-
-/*
- * Build the Kafka message of a claimed row for topic: the aggregate id is
- * the key, the payload the value (NULL: a tombstone), created_at the
- * timestamp.  The header arrays live in *space, or in palloc'd memory when
- * the row has more than 64 headers.
- */
-static void
-build_message(HeapTuple tuple, TupleDesc tupdesc, const char *topic,
-			  const char *aggregate_type, const char *aggregate_id,
-			  HeaderSpace *space, OutboxMessage *msg)
-{
-	bool		isnull;
-	Datum		d;
-
-	msg->topic = topic;
-	msg->key = aggregate_id;
-	msg->key_len = strlen(aggregate_id);
-
-	d = SPI_getbinval(tuple, tupdesc, COL_PAYLOAD, &isnull);
-	if (isnull)
-	{
-		msg->value = NULL;		/* tombstone */
-		msg->value_len = 0;
-	}
-	else
-	{
-		Jsonb	   *payload = DatumGetJsonbP(d);
-
-		msg->value = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
-		msg->value_len = strlen(msg->value);
-	}
-
-	d = SPI_getbinval(tuple, tupdesc, COL_CREATED_AT, &isnull);
-	msg->timestamp_ms = timestamptz_to_unix_ms(DatumGetTimestampTz(d));
-
-	build_headers(tuple, tupdesc, aggregate_type, space, msg);
-}
-
-/*
- * Set msg's headers: our headers first, then the user's, in their jsonb
- * (sorted) order.  User headers whose value is not a string are left out.
- */
-static void
-build_headers(HeapTuple tuple, TupleDesc tupdesc, const char *aggregate_type,
-			  HeaderSpace *space, OutboxMessage *msg)
-{
-	const char **hnames = space->names;
-	const char **hvalues = space->values;
-	size_t	   *hlens = space->lens;
-	int			nheaders = 0;
-	bool		isnull;
-	char	   *event_type;
-	char	   *event_id;
-	Datum		d;
-
-	event_type = text_column(tuple, tupdesc, COL_EVENT_TYPE, &isnull);
-	d = SPI_getbinval(tuple, tupdesc, COL_EVENT_ID, &isnull);
-	event_id = DatumGetCString(DirectFunctionCall1(uuid_out, d));
-
-	d = SPI_getbinval(tuple, tupdesc, COL_HEADERS, &isnull);
-	if (!isnull)
-	{
-		Jsonb	   *headers = DatumGetJsonbP(d);
-		int			count = JB_ROOT_IS_OBJECT(headers) ? JB_ROOT_COUNT(headers) : 0;
-
-		if (count > 64)
-		{
-			hnames = palloc(sizeof(char *) * (count + 3));
-			hvalues = palloc(sizeof(char *) * (count + 3));
-			hlens = palloc(sizeof(size_t) * (count + 3));
-		}
-	}
-	hnames[nheaders] = OUTBOX_HEADER_ID;
-	hvalues[nheaders] = event_id;
-	hlens[nheaders++] = strlen(event_id);
-	hnames[nheaders] = OUTBOX_HEADER_EVENT_TYPE;
-	hvalues[nheaders] = event_type;
-	hlens[nheaders++] = strlen(event_type);
-	hnames[nheaders] = OUTBOX_HEADER_AGGREGATE_TYPE;
-	hvalues[nheaders] = aggregate_type;
-	hlens[nheaders++] = strlen(aggregate_type);
-	if (!isnull)
-	{
-		Jsonb	   *headers = DatumGetJsonbP(d);
-		JsonbIterator *it = JsonbIteratorInit(&headers->root);
-		JsonbValue	v;
-		JsonbIteratorToken tok;
-		char	   *key = NULL;
-
-		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-		{
-			if (tok == WJB_KEY)
-				key = pnstrdup(v.val.string.val, v.val.string.len);
-			else if (tok == WJB_VALUE && v.type == jbvString && key != NULL)
-			{
-				hnames[nheaders] = key;
-				hvalues[nheaders] = v.val.string.val;
-				hlens[nheaders++] = v.val.string.len;
-			}
-		}
-	}
-	msg->nheaders = nheaders;
-	msg->header_names = hnames;
-	msg->header_values = hvalues;
-	msg->header_lens = hlens;
 }
 
 /*
@@ -558,20 +433,4 @@ entry_failed(Batch *batch, BatchEntry *entry, rd_kafka_resp_err_t err,
 	entry->error = err;
 	entry->error_text = MemoryContextStrdup(batch->cxt, text);
 	batch->nblocking++;
-}
-
-static char *
-text_column(HeapTuple tuple, TupleDesc tupdesc, int col, bool *isnull)
-{
-	Datum		d = SPI_getbinval(tuple, tupdesc, col, isnull);
-
-	return *isnull ? NULL : TextDatumGetCString(d);
-}
-
-/* TimestampTz counts microseconds from 2000-01-01; Kafka wants Unix ms */
-static int64
-timestamptz_to_unix_ms(TimestampTz ts)
-{
-	return ts / 1000 +
-		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
 }

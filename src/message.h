@@ -3,7 +3,8 @@
  * message.h
  *	  The batch being produced, shared by the relay's files (batch.c,
  *	  message.c, mark.c): its entries, the columns a claimed row has, and
- *	  how a row becomes a Kafka message (message.c).
+ *	  how a row is produced (message.c; its message is built in
+ *	  row_message.c).
  *
  *-------------------------------------------------------------------------
  */

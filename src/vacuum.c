@@ -9,13 +9,12 @@
  * then every new event extends the table.  Autovacuum visits a database once
  * per autovacuum_naptime (1 min by default), and at 20,000 events/s the relay
  * deletes 1,200,000 rows in that minute: measured, the table grew to 3
- * times the rows it keeps.  So, with outbox.vacuum_interval set (0, the
- * default in 1.4, leaves the table to autovacuum), the relay starts a VACUUM
- * of the table itself once that interval has passed and enough rows were
- * deleted.  It
- * runs in its own process, on another core, so publishing never waits for
- * it, and with SKIP_LOCKED, so it steps aside when autovacuum (or a user's
- * VACUUM) is already at the table.  Autovacuum stays on for the table: it
+ * times the rows it keeps.  So the relay starts a VACUUM of the table itself
+ * once outbox.vacuum_interval (5 s; 0 leaves the table to autovacuum) has
+ * passed and enough rows were deleted.  It runs in its own process, on
+ * another core, so publishing never waits for it, and with SKIP_LOCKED, so
+ * it steps aside when autovacuum (or a user's VACUUM) is already at the
+ * table.  Autovacuum stays on for the table: it
  * still protects it from transaction id wraparound.
  *
  * The relay side (outbox_vacuum_*) runs in the relay process, between
@@ -44,8 +43,20 @@
  */
 #define VACUUM_MIN_DELETED_ROWS	10000
 
+/*
+ * Fewest deleted rows worth a VACUUM once deleting has stopped for a pass
+ * (a "wave" ended): the retention deletes a burst over several passes, in
+ * row mode as the burst's rows reach their age one batch after another, and
+ * the tail deleted after the last VACUUM would otherwise wait for 10,000
+ * more deletes or for autovacuum.  Below this, a trickle of events would
+ * start a VACUUM every interval for a handful of rows.
+ */
+#define VACUUM_MIN_WAVE_ROWS	1000
+
 /* relay side: rows deleted since the last VACUUM started, and that worker */
 static int64 deleted_since_vacuum = 0;
+/* deleted_since_vacuum at the previous outbox_vacuum_if_due call */
+static int64 deleted_at_last_check = 0;
 static TimestampTz last_vacuum_start = 0;
 static BackgroundWorkerHandle *vacuum_handle = NULL;
 
@@ -112,11 +123,27 @@ start_vacuum_worker(void)
 }
 
 /*
+ * Are the rows deleted since the last VACUUM worth one now: many, or the
+ * tail of a wave of deletes (nothing deleted since the previous call)?
+ */
+static bool
+enough_deleted(void)
+{
+	bool		wave_ended = deleted_since_vacuum == deleted_at_last_check;
+
+	deleted_at_last_check = deleted_since_vacuum;
+	return deleted_since_vacuum >= VACUUM_MIN_DELETED_ROWS ||
+		(wave_ended && deleted_since_vacuum >= VACUUM_MIN_WAVE_ROWS);
+}
+
+/*
  * outbox_vacuum_if_due
  *		Start a VACUUM of outbox.events in a background worker when
  *		outbox.vacuum_interval (s; 0 = never, autovacuum alone) has passed
- *		since the last one started, at least VACUUM_MIN_DELETED_ROWS rows
- *		were deleted since, and the last one has finished.  Called by the
+ *		since the last one started, the last one has finished, and since it
+ *		started at least VACUUM_MIN_DELETED_ROWS rows were deleted, or at
+ *		least VACUUM_MIN_WAVE_ROWS and none since the previous call (the
+ *		retention calls this once per pass, every second).  Called by the
  *		relay between batches, outside a transaction.
  *
  * Raises no error: when no background worker slot is free, one LOG line
@@ -128,8 +155,7 @@ outbox_vacuum_if_due(void)
 {
 	TimestampTz now;
 
-	if (outbox_vacuum_interval <= 0 ||
-		deleted_since_vacuum < VACUUM_MIN_DELETED_ROWS)
+	if (outbox_vacuum_interval <= 0 || !enough_deleted())
 		return;
 	now = GetCurrentTimestamp();
 	if (!TimestampDifferenceExceeds(last_vacuum_start, now,
@@ -150,6 +176,7 @@ outbox_vacuum_if_due(void)
 	}
 	vacuum_slot_missing = false;
 	deleted_since_vacuum = 0;
+	deleted_at_last_check = 0;
 	elog(DEBUG1, "outbox relay started a VACUUM of outbox.events");
 }
 

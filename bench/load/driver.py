@@ -71,7 +71,7 @@ STEADY_RATE = env_int("BENCH_STEADY_RATE", 20000)
 STEADY_BATCH = env_int("BENCH_STEADY_BATCH", 1000)
 STEADY_CONNECTIONS = env_int("BENCH_STEADY_CONNECTIONS", 2)
 STEADY_SAMPLE_SECONDS = env_int("BENCH_STEADY_SAMPLE_SECONDS", 10)
-STEADY_CASES = env_str("BENCH_STEADY_CASES", "snapshot:outbox.vacuum_interval=5,snapshot,row")
+STEADY_CASES = env_str("BENCH_STEADY_CASES", "snapshot,snapshot:outbox.vacuum_interval=0,row")
 STEADY_TARGET = 1.5
 WORK = env_str("BENCH_WORK_DIR", "/tmp/outbox-bench-work")
 RESULTS = env_str("BENCH_RESULTS_DIR", os.path.join(BENCH, "results"))

@@ -7,9 +7,9 @@ at start, after emitting, after draining, after retention + cleanup; the second 
 the space of the first.  Kafka's offsets must grow by exactly the number of events (nothing lost,
 nothing sent twice).
 
-autovacuum_naptime stays at its default (1 min); the relay's own VACUUM (outbox.vacuum_interval,
-set to 5 s for this file, reset at the end; its default is 0 = off) must make the space reusable;
-an autovacuum visit counts as well.  VACUUM is never run by the test.
+All settings are the defaults, autovacuum_naptime (1 min) too: the relay's own VACUUM
+(outbox.vacuum_interval, 5 s) must make the space reusable; an autovacuum visit counts as well.
+VACUUM is never run by the test.
 
 Also: a REPEATABLE READ transaction holding its snapshot open while 10,000 events flow must
 not make the relay send anything twice.
@@ -32,7 +32,6 @@ GROWTH_LIMIT = 1.25
 SLACK = 16 * 1048576
 # outbox.events' autovacuum_vacuum_threshold (sql/outbox.sql; its scale factor is 0)
 VACUUM_THRESHOLD = 10000
-VACUUM_INTERVAL = 5
 
 EMIT_SQL = ("SELECT count(outbox.emit(%s, (g %% {aggs})::text, 'it.cleanup',"
             " jsonb_build_object('n', g, 'run', %s, 'pad', repeat('x', 60 + (g %% 200))))"
@@ -159,19 +158,17 @@ def test_retention_cleanup_reuses_space(env, conn, prefix):
     pid = relay_status(conn)[0]["pid"]
     in_kafka = 0
     try:
-        set_system(conn, "outbox.vacuum_interval", VACUUM_INTERVAL)
         query(conn, "CREATE EXTENSION IF NOT EXISTS pgstattuple")
         for run in (1, 2):
             got, in_kafka = one_run(env, conn, agg_type, topic, run, in_kafka, retention_s)
             sizes.update({f"run {run} {k}": v for k, v in got.items()})
     finally:
-        set_system(conn, "outbox.vacuum_interval", None)
         query(conn, "DROP EXTENSION IF EXISTS pgstattuple")
     st = relay_status(conn)[0]
     for name, s in sizes.items():
         report(f"OUTBOX CLEANUP sizes {name}: {fmt_sizes(s)}")
     report(f"OUTBOX CLEANUP: outbox.retention = {shown} (default), outbox.vacuum_interval and"
-           f" autovacuum_naptime {VACUUM_INTERVAL} s and default; (VACUUMs by the relay, by autovacuum) {vacuum_split(conn)}; relay worker {pid} -> {st['pid']}, state {st['state']},"
+           f" autovacuum_naptime defaults; (VACUUMs by the relay, by autovacuum) {vacuum_split(conn)}; relay worker {pid} -> {st['pid']}, state {st['state']},"
            f" delivery errors {delivery_errors(st)}")
     assert st["pid"] == pid, "the relay worker restarted during the cleanup test"
 
