@@ -35,12 +35,18 @@
 #include <unistd.h>
 
 #include "miscadmin.h"
+#include "storage/latch.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+/* after a purge, how long to wait for its delivery reports (ms) */
+#define ABORT_DRAIN_MS		500
 
 StaticAssertDecl(SIZEOF_VOID_P >= 8,
 				 "delivery opaques pack a generation and an index into a pointer");
 
 static bool open_wakeup_pipe(OutboxProducer *producer);
+static bool serve_until_reported(OutboxProducer *producer, int timeout_ms);
 static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg,
 					  void *opaque);
 static void error_cb(rd_kafka_t *rk, int err, const char *reason,
@@ -300,18 +306,61 @@ outbox_producer_serve(OutboxProducer *producer)
  * outbox_producer_abort_batch
  *		Give up on what the current batch has not had acknowledged.
  *
- * Messages queued or in flight are purged; those in flight may still reach
- * Kafka, which is why delivery is at-least-once and why consumers
- * de-duplicate on the "id" header.  Never blocks; raises no ERROR.
+ * Messages not yet sent are purged.  Those in flight are purged too, and
+ * may still reach Kafka, which is why delivery is at-least-once and why
+ * consumers de-duplicate on the "id" header; except after a fatal error,
+ * when the brokers still answer them: then their answers are awaited first,
+ * so that a message Kafka wrote is known as published rather than sent
+ * twice (seen as 5 duplicates when small events shared a partition with a
+ * refused one).
+ *
+ * The reports are served for this batch: the generation only moves on
+ * afterwards.  Purged messages get _PURGE_* errors, which are no verdict;
+ * a message the broker refused keeps its refusal.  That matters because a
+ * refusal is what stops the producer on purpose (gapless guarantee, see
+ * kafka_config.c), and the error callback can be served before the refused
+ * message's own report: dropping that report sent the event again, blind,
+ * with a new producer, to be refused again, until a report won the race
+ * (seen as a 150 KB event and an old one re-sent for 3 s).
+ *
+ * Waits at most 2 * ABORT_DRAIN_MS (ms) for the reports; raises no ERROR.
  */
 void
 outbox_producer_abort_batch(OutboxProducer *producer)
 {
+	bool		await_in_flight = producer->fatal;
+
+	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE |
+				   (await_in_flight ? 0 : RD_KAFKA_PURGE_F_INFLIGHT));
+	if (!serve_until_reported(producer, ABORT_DRAIN_MS) && await_in_flight)
+	{
+		rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_INFLIGHT);
+		(void) serve_until_reported(producer, ABORT_DRAIN_MS);
+	}
 	producer->generation++;
 	producer->outstanding = 0;
-	rd_kafka_purge(producer->rk,
-				   RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-	outbox_producer_serve(producer);
+}
+
+/*
+ * Serve delivery reports until every message of the batch has one, for at
+ * most timeout_ms (ms).  True if all came.
+ */
+static bool
+serve_until_reported(OutboxProducer *producer, int timeout_ms)
+{
+	TimestampTz start = GetCurrentTimestamp();
+
+	for (;;)
+	{
+		outbox_producer_serve(producer);
+		if (producer->outstanding <= 0)
+			return true;
+		if (TimestampDifferenceExceeds(start, GetCurrentTimestamp(), timeout_ms))
+			return false;
+		(void) WaitLatchOrSocket(NULL, WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 producer->wakeup_fd[0], 10,
+								 outbox_wait_event(OUTBOX_WAIT_DELIVERY));
+	}
 }
 
 /*

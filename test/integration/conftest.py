@@ -309,6 +309,7 @@ class TopicReader:
     def __init__(self, env: Env, topics: List[str]):
         self.topics = list(topics)
         self.messages: List[Received] = []
+        self.offsets = set()        # (topic, partition, offset) of every message seen
         self.errors: List[str] = []
         self.assigned = set()
         self._lock = threading.Lock()
@@ -342,11 +343,15 @@ class TopicReader:
         if got:
             with self._lock:
                 self.messages.extend(got)
+                self.offsets.update((m.topic, m.partition, m.offset) for m in got)
         return len(got)
 
     def count(self) -> int:
+        """Distinct messages (topic, partition, offset) seen so far.  A consumer-side re-delivery
+        (the same offset again after a rebalance) does not count, so that read_until() never
+        stops early on re-deliveries while a message is still missing."""
         with self._lock:
-            return len(self.messages)
+            return len(self.offsets)
 
     def wait_assigned(self, timeout: float = 30, partitions: int = PARTITIONS):
         want = partitions * len(self.topics)
