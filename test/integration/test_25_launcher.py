@@ -51,9 +51,10 @@ def relays_fresh(other):
 
 
 def all_back(other, dbs, old_pids):
-    """Every database of dbs has exactly one relay, none of old_pids, and one launcher runs."""
+    """Every database of dbs has exactly one relay, none of old_pids, and one launcher runs.  A
+    relay that has not connected yet shows no database (None): not back yet."""
     by_db, launchers = relays_fresh(other)
-    return (sorted(by_db) == sorted(dbs) and all(len(p) == 1 for p in by_db.values())
+    return (None not in by_db and sorted(by_db) == sorted(dbs) and all(len(p) == 1 for p in by_db.values())
             and not set(old_pids) & {p for ps in by_db.values() for p in ps} and launchers == 1)
 
 
