@@ -123,6 +123,7 @@ class AssignedReader(TopicReader):
     def __init__(self, env: Env, topics: List[str], partitions: int = 4):
         self.topics = list(topics)
         self.messages = []
+        self.offsets = set()
         self.errors = []
         self.assigned = set()
         self._lock = threading.Lock()
