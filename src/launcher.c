@@ -521,14 +521,9 @@ start_relay(LauncherDb *db, TimestampTz now)
 	StaticAssertStmt(sizeof(OutboxRelayArgs) <= BGW_EXTRALEN,
 					 "OutboxRelayArgs does not fit in bgw_extra");
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_worker_main");
+	outbox_init_bgworker(&worker, "outbox_worker_main", "outbox relay",
+						 BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay for database \"%s\"", db->name);
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox relay");
 	worker.bgw_main_arg = Int32GetDatum(db->slot);
 	worker.bgw_notify_pid = MyProcPid;
 	memcpy(worker.bgw_extra, &args, sizeof(args));

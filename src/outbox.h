@@ -243,6 +243,11 @@ extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
  * outbox.c registers the launcher, launcher.c runs it
  */
 extern void outbox_register_launcher(void);
+
+struct BackgroundWorker;
+extern void outbox_init_bgworker(struct BackgroundWorker *worker,
+								 const char *function, const char *type,
+								 int restart_time);
 extern PGDLLEXPORT void outbox_launcher_main(Datum main_arg);
 
 #endif							/* OUTBOX_H */

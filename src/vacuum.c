@@ -104,16 +104,9 @@ start_vacuum_worker(void)
 	MemoryContext oldcxt;
 	bool		started;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_vacuum_main");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox vacuum");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox vacuum");
+	outbox_init_bgworker(&worker, "outbox_vacuum_main", "outbox vacuum",
+						 BGW_NEVER_RESTART);
 	worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
-	worker.bgw_notify_pid = 0;
 
 	/* the handle outlives the relay's transactions and batches */
 	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
