@@ -215,7 +215,6 @@ static void
 release_database(Oid dboid)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	int			waited;
 	int			i;
 
 	if (!callback_registered)
@@ -240,31 +239,7 @@ release_database(Oid dboid)
 	SpinLockRelease(&outbox_shared->mutex);
 	outbox_wake_launcher();
 
-	for (waited = 0;; waited += 10)
-	{
-		bool		busy = false;
-
-		for (i = 0; i < outbox_shared->nslots; i++)
-		{
-			OutboxRelaySlot *s = &outbox_shared->slots[i];
-			pid_t		pid = 0;
-
-			SpinLockAcquire(&s->mutex);
-			if (s->in_use && s->database_oid == dboid && s->worker_latch != NULL)
-				pid = s->worker_pid;
-			SpinLockRelease(&s->mutex);
-			if (pid != 0)
-			{
-				busy = true;
-				if (waited == 0)
-					(void) kill(pid, SIGTERM);
-			}
-		}
-		if (!busy || waited >= RELEASE_WAIT_MS)
-			break;
-		CHECK_FOR_INTERRUPTS();
-		pg_usleep(10000L);
-	}
+	outbox_stop_relays(dboid, RELEASE_WAIT_MS);
 }
 
 /*

@@ -202,6 +202,7 @@ extern void outbox_wake_worker(bool control);
 extern uint32 outbox_control_seq(void);
 extern void outbox_wake_launcher(void);
 extern void outbox_shared_register_launcher(int wait_ms);
+extern void outbox_stop_relays(Oid dboid, int wait_ms);
 extern int	outbox_slot_take(Oid dboid, const char *name);
 extern void outbox_slot_free(int slot);
 

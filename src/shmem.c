@@ -219,36 +219,32 @@ outbox_wake_launcher(void)
 }
 
 /*
- * outbox_shared_register_launcher
- *		Publish the calling launcher's pid and latch, then stop the relays a
- *		previous launcher left running (it ended with an ERROR: their
- *		handles died with it), waiting up to wait_ms (milliseconds) for
- *		them to exit, and free every slot.  After a crash restart shared
- *		memory is new and there is nothing to stop.
+ * outbox_stop_relays
+ *		Send SIGTERM to the running relays of database dboid (InvalidOid:
+ *		every relay) and wait up to wait_ms (milliseconds), checking every
+ *		10 ms, until none is left.  A relay is a slot with a latch; a slot a
+ *		launcher held has none.  Processes interrupts while it waits;
+ *		raises no error of its own.
  */
 void
-outbox_shared_register_launcher(int wait_ms)
+outbox_stop_relays(Oid dboid, int wait_ms)
 {
 	int			waited;
 	int			i;
 
-	SpinLockAcquire(&outbox_shared->mutex);
-	outbox_shared->launcher_pid = MyProcPid;
-	outbox_shared->launcher_latch = MyLatch;
-	SpinLockRelease(&outbox_shared->mutex);
-
-	for (waited = 0;; waited += 100)
+	for (waited = 0;; waited += 10)
 	{
 		bool		busy = false;
 
 		for (i = 0; i < outbox_shared->nslots; i++)
 		{
 			OutboxRelaySlot *s = &outbox_shared->slots[i];
-			pid_t		pid;
+			pid_t		pid = 0;
 
-			/* a relay has a latch; a slot a launcher held has none */
 			SpinLockAcquire(&s->mutex);
-			pid = s->worker_latch != NULL ? s->worker_pid : 0;
+			if (s->worker_latch != NULL &&
+				(!OidIsValid(dboid) || (s->in_use && s->database_oid == dboid)))
+				pid = s->worker_pid;
 			SpinLockRelease(&s->mutex);
 			if (pid != 0)
 			{
@@ -260,8 +256,29 @@ outbox_shared_register_launcher(int wait_ms)
 		if (!busy || waited >= wait_ms)
 			break;
 		CHECK_FOR_INTERRUPTS();
-		pg_usleep(100000L);
+		pg_usleep(10000L);
 	}
+}
+
+/*
+ * outbox_shared_register_launcher
+ *		Publish the calling launcher's pid and latch, then stop the relays a
+ *		previous launcher left running (it ended with an ERROR: their
+ *		handles died with it), waiting up to wait_ms (milliseconds) for
+ *		them to exit, and free every slot.  After a crash restart shared
+ *		memory is new and there is nothing to stop.
+ */
+void
+outbox_shared_register_launcher(int wait_ms)
+{
+	int			i;
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	outbox_shared->launcher_pid = MyProcPid;
+	outbox_shared->launcher_latch = MyLatch;
+	SpinLockRelease(&outbox_shared->mutex);
+
+	outbox_stop_relays(InvalidOid, wait_ms);
 	for (i = 0; i < outbox_shared->nslots; i++)
 	{
 		OutboxRelaySlot *s = &outbox_shared->slots[i];
