@@ -279,7 +279,7 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.worker_status() IS
-'One row per running relay worker, read from shared memory: database, pid, state (starting, waiting_for_database, waiting_for_extension, not_configured, config_error, idle, publishing, broker_down, paused, error), events published, events marked failed and failed delivery attempts since the worker started, time of the last acknowledged event, last error text and time, and when the worker started. No rows when the library is not in shared_preload_libraries.';
+'One row per running relay worker of this database (of any database while outbox.databases is empty), read from shared memory: database, pid, state (starting, waiting_for_database, waiting_for_extension, not_configured, config_error, idle, publishing, broker_down, paused, error), events published, events marked failed and failed delivery attempts since the worker started, time of the last acknowledged event, last error text and time, and when the worker started. A database the launcher has no worker slot for has one row with state waiting_for_slot, no pid, and last_error saying which limit (outbox.max_workers or max_worker_processes) is used up since last_error_at. No rows when the library is not in shared_preload_libraries.';
 
 CREATE VIEW outbox.status AS
 SELECT w.database,
@@ -329,7 +329,33 @@ SELECT w.database,
               ) AS e) AS p;
 
 COMMENT ON VIEW outbox.status IS
-'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. Empty when no relay worker runs.';
+'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. State waiting_for_slot (no pid): this database has no relay because every worker slot is taken. Empty when no relay worker runs.';
+
+/*
+ * outbox.cluster_status(): the whole server for operators (pg_monitor), from
+ * any database: the launcher, every relay of every database, and the
+ * databases waiting for a worker slot.  Shared memory only: never blocks a
+ * relay, never reads a table.
+ */
+CREATE FUNCTION outbox.cluster_status(
+    OUT kind text,
+    OUT database name,
+    OUT pid integer,
+    OUT state text,
+    OUT published bigint,
+    OUT failed bigint,
+    OUT delivery_errors bigint,
+    OUT last_publish_at timestamptz,
+    OUT last_error text,
+    OUT last_error_at timestamptz,
+    OUT started_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_cluster_status'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.cluster_status() IS
+'The whole server, read from shared memory, from any database. First row: kind launcher, state running (not_running, pid NULL, while the postmaster restarts it), started_at. Then kind relay, one row per relay worker of every database, with the columns of outbox.worker_status() (counters since that worker started). Then kind relay, state waiting_for_slot, pid NULL, for each database covered by outbox.databases that has no relay because outbox.max_workers or max_worker_processes is used up (last_error says which, last_error_at since when; the first 32 such databases). No rows when the library is not in shared_preload_libraries. Executable by pg_monitor.';
 
 /* trigger capture */
 CREATE FUNCTION outbox.capture()
@@ -404,6 +430,7 @@ REVOKE ALL ON FUNCTION outbox.purge(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.retry_failed() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.retry_failed(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.worker_status() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.cluster_status() FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.events FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.relay FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.relay_progress FROM PUBLIC;
@@ -413,6 +440,7 @@ REVOKE ALL ON TABLE outbox.status FROM PUBLIC;
 /* monitoring: pg_monitor may read the status, nothing else */
 GRANT USAGE ON SCHEMA outbox TO pg_monitor;
 GRANT EXECUTE ON FUNCTION outbox.worker_status() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox.cluster_status() TO pg_monitor;
 GRANT SELECT ON TABLE outbox.status TO pg_monitor;
 
 /*
@@ -423,8 +451,8 @@ GRANT SELECT ON TABLE outbox.status TO pg_monitor;
  * schema outbox may exist before CREATE EXTENSION (DROP EXTENSION leaves it,
  * with the users' grants, and pg_restore creates it first).  So reset them,
  * as every update path to this version does: the owner's items, and
- * pg_monitor's USAGE on the schema, EXECUTE on worker_status() and SELECT on
- * status; no user's, no PUBLIC's.
+ * pg_monitor's USAGE on the schema, EXECUTE on worker_status() and
+ * cluster_status() and SELECT on status; no user's, no PUBLIC's.
  */
 DO $$
 DECLARE
@@ -446,6 +474,7 @@ BEGIN
           LEFT JOIN (VALUES ('pg_catalog.pg_namespace'::pg_catalog.regclass,
                              'outbox'::pg_catalog.regnamespace::pg_catalog.oid, 'USAGE'),
                             ('pg_catalog.pg_proc', 'outbox.worker_status()'::pg_catalog.regprocedure, 'EXECUTE'),
+                            ('pg_catalog.pg_proc', 'outbox.cluster_status()'::pg_catalog.regprocedure, 'EXECUTE'),
                             ('pg_catalog.pg_class', 'outbox.status'::pg_catalog.regclass, 'SELECT'))
                  AS m(classoid, objoid, priv)
             ON m.classoid = ip.classoid AND m.objoid = ip.objoid AND ip.objsubid = 0

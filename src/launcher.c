@@ -77,6 +77,8 @@ typedef struct LauncherDb
 	TimestampTz started_at;
 	TimestampTz start_after;	/* restart delay */
 	int			failures;		/* unexpected exits in a row */
+	TimestampTz unserved_since; /* no slot for it since; 0: served */
+	bool		no_bgworker;	/* why: max_worker_processes, not max_workers */
 } LauncherDb;
 
 static HTAB *databases = NULL;
@@ -94,7 +96,7 @@ static void stop_relay(LauncherDb *db);
 static bool start_relay(LauncherDb *db, TimestampTz now);
 static int	take_slot(LauncherDb *db);
 static void free_slot(LauncherDb *db);
-static void log_unserved(StringInfo unserved, int count);
+static void report_unserved(LauncherDb **unserved, int count);
 
 /*
  * outbox_launcher_main
@@ -171,6 +173,7 @@ launcher_shutdown(int code, Datum arg)
 	SpinLockAcquire(&outbox_shared->mutex);
 	outbox_shared->launcher_pid = 0;
 	outbox_shared->launcher_latch = NULL;
+	outbox_shared->nunserved = 0;
 	SpinLockRelease(&outbox_shared->mutex);
 }
 
@@ -202,7 +205,7 @@ launcher_pass(void)
 	ListCell   *lc;
 	HASH_SEQ_STATUS seq;
 	LauncherDb *db;
-	StringInfoData unserved;
+	LauncherDb **unserved;
 	int			nunserved = 0;
 
 	take_events();
@@ -233,7 +236,7 @@ launcher_pass(void)
 	}
 
 	/* start what is missing, in the order of outbox.databases (or OID) */
-	initStringInfo(&unserved);
+	unserved = palloc(sizeof(LauncherDb *) * Max(list_length(covered), 1));
 	foreach(lc, covered)
 	{
 		db = lfirst(lc);
@@ -274,12 +277,13 @@ launcher_pass(void)
 		}
 		if (!start_relay(db, now))
 		{
-			appendStringInfo(&unserved, "%s\"%s\"", nunserved > 0 ? ", " : "", db->name);
-			nunserved++;
+			if (db->unserved_since == 0)
+				db->unserved_since = now;
+			unserved[nunserved++] = db;
 			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
 		}
 	}
-	log_unserved(&unserved, nunserved);
+	report_unserved(unserved, nunserved);
 	return nap;
 }
 
@@ -505,6 +509,7 @@ start_relay(LauncherDb *db, TimestampTz now)
 	OutboxRelaySlot *slot;
 	bool		registered;
 
+	db->no_bgworker = false;
 	if (db->slot < 0 && take_slot(db) < 0)
 		return false;
 	slot = &outbox_shared->slots[db->slot];
@@ -535,6 +540,7 @@ start_relay(LauncherDb *db, TimestampTz now)
 	if (!registered)
 	{
 		db->handle = NULL;
+		db->no_bgworker = true;
 		free_slot(db);
 		if (!bgw_slots_exhausted)
 			ereport(WARNING,
@@ -546,6 +552,7 @@ start_relay(LauncherDb *db, TimestampTz now)
 		return false;
 	}
 	bgw_slots_exhausted = false;
+	db->unserved_since = 0;
 	db->created = false;
 	db->started_at = now;
 	db->stopping = false;
@@ -553,18 +560,36 @@ start_relay(LauncherDb *db, TimestampTz now)
 }
 
 /*
- * Log the databases left without a relay for want of a slot, once per
+ * Publish the databases left without a relay for want of a slot (for
+ * outbox.cluster_status() and their outbox.status), and log them once per
  * change of that set, and once when all are served again.
  */
 static void
-log_unserved(StringInfo unserved, int count)
+report_unserved(LauncherDb **unserved, int count)
 {
-	if (logged_unserved != NULL && strcmp(logged_unserved, unserved->data) == 0)
+	OutboxUnserved list[OUTBOX_MAX_UNSERVED];
+	StringInfoData names;
+	int			i;
+
+	initStringInfo(&names);
+	for (i = 0; i < count; i++)
+	{
+		appendStringInfo(&names, "%s\"%s\"", i > 0 ? ", " : "", unserved[i]->name);
+		if (i >= OUTBOX_MAX_UNSERVED)
+			continue;
+		list[i].dboid = unserved[i]->dboid;
+		strlcpy(list[i].name, unserved[i]->name, NAMEDATALEN);
+		list[i].no_bgworker = unserved[i]->no_bgworker;
+		list[i].since = unserved[i]->unserved_since;
+	}
+	outbox_set_unserved(list, count);
+
+	if (logged_unserved != NULL && strcmp(logged_unserved, names.data) == 0)
 		return;
 	if (count > 0)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("outbox: %d database(s) have no relay: %s", count, unserved->data),
+				 errmsg("outbox: %d database(s) have no relay: %s", count, names.data),
 				 errdetail("outbox.max_workers (%d) relays run, or no background worker slot was free.",
 						   outbox_max_workers),
 				 errhint("Raise outbox.max_workers or max_worker_processes (both need a restart), or cover fewer databases with outbox.databases. Their events wait in outbox.events.")));
@@ -573,5 +598,5 @@ log_unserved(StringInfo unserved, int count)
 				(errmsg("outbox: every covered database has a relay again")));
 	if (logged_unserved != NULL)
 		pfree(logged_unserved);
-	logged_unserved = MemoryContextStrdup(TopMemoryContext, unserved->data);
+	logged_unserved = MemoryContextStrdup(TopMemoryContext, names.data);
 }

@@ -146,6 +146,22 @@ typedef struct OutboxRelaySlot
 	char		last_error[OUTBOX_ERROR_LEN];
 } OutboxRelaySlot;
 
+/*
+ * A covered database the launcher could not start a relay for (shown by
+ * outbox.cluster_status() and that database's outbox.status as
+ * waiting_for_slot).  Only the first OUTBOX_MAX_UNSERVED are kept; the
+ * launcher's WARNING names them all.
+ */
+#define OUTBOX_MAX_UNSERVED		32
+
+typedef struct OutboxUnserved
+{
+	Oid			dboid;
+	char		name[NAMEDATALEN];
+	bool		no_bgworker;	/* max_worker_processes, not outbox.max_workers */
+	TimestampTz since;			/* first pass that could not start it */
+} OutboxUnserved;
+
 /* databases whose relays a running DROP/RENAME DATABASE has released */
 #define OUTBOX_MAX_BLOCKS		8
 /* databases with a committed CREATE EXTENSION outbox not yet seen */
@@ -157,6 +173,11 @@ typedef struct OutboxShared
 
 	pid_t		launcher_pid;	/* 0 if the launcher does not run */
 	Latch	   *launcher_latch;
+	TimestampTz launcher_started_at;
+
+	/* covered databases without a relay, as of the launcher's last pass */
+	int			nunserved;
+	OutboxUnserved unserved[OUTBOX_MAX_UNSERVED];
 
 	/* CREATE EXTENSION outbox committed in these databases (lifecycle.c) */
 	int			nevents;
@@ -205,6 +226,7 @@ extern void outbox_shared_register_launcher(int wait_ms);
 extern void outbox_stop_relays(Oid dboid, int wait_ms);
 extern int	outbox_slot_take(Oid dboid, const char *name);
 extern void outbox_slot_free(int slot);
+extern void outbox_set_unserved(const OutboxUnserved *list, int n);
 
 /*
  * emit.c: writing events

@@ -276,6 +276,8 @@ outbox_shared_register_launcher(int wait_ms)
 	SpinLockAcquire(&outbox_shared->mutex);
 	outbox_shared->launcher_pid = MyProcPid;
 	outbox_shared->launcher_latch = MyLatch;
+	outbox_shared->launcher_started_at = GetCurrentTimestamp();
+	outbox_shared->nunserved = 0;
 	SpinLockRelease(&outbox_shared->mutex);
 
 	outbox_stop_relays(InvalidOid, wait_ms);
@@ -339,6 +341,22 @@ outbox_slot_free(int slot)
 	if (s->worker_pid == MyProcPid)
 		s->worker_pid = 0;
 	SpinLockRelease(&s->mutex);
+}
+
+/*
+ * outbox_set_unserved
+ *		Publish the covered databases the launcher's last pass could not
+ *		start a relay for: n entries of list, of which the first
+ *		OUTBOX_MAX_UNSERVED are kept.  Launcher only.
+ */
+void
+outbox_set_unserved(const OutboxUnserved *list, int n)
+{
+	n = Min(n, OUTBOX_MAX_UNSERVED);
+	SpinLockAcquire(&outbox_shared->mutex);
+	memcpy(outbox_shared->unserved, list, sizeof(OutboxUnserved) * n);
+	outbox_shared->nunserved = n;
+	SpinLockRelease(&outbox_shared->mutex);
 }
 
 /* names of the OutboxWait values, in their order */

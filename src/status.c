@@ -1,14 +1,15 @@
 /*-------------------------------------------------------------------------
  *
  * status.c
- *	  The relay's state machine as seen from outside, and
- *	  outbox.worker_status().
+ *	  The relay's state machine as seen from outside:
+ *	  outbox.worker_status() and outbox.cluster_status().
  *
  * The relay worker (worker.c, and message.c while it waits for Kafka) moves
  * between the states of OutboxRelayState with outbox_enter_state(), which
  * logs each change that matters to a DBA once, not once per event or batch.
  * The state, the counters and the last error are copied into shared memory
- * (shmem.c), where outbox.worker_status() reads them.
+ * (shmem.c), where outbox.worker_status() and outbox.cluster_status() read
+ * them, together with what the launcher publishes there.
  *
  *-------------------------------------------------------------------------
  */
@@ -23,12 +24,24 @@
 #include "utils/tuplestore.h"
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
+PG_FUNCTION_INFO_V1(outbox_cluster_status);
+
+/* one row of worker_status() or cluster_status(), before it is built */
+typedef struct StatusRow
+{
+	const char *kind;			/* "relay" or "launcher" */
+	const char *state;
+	OutboxRelaySlot slot;		/* a copy: database, pid, counters, error */
+} StatusRow;
 
 /* the relay worker's state; the copy in shared memory is for others */
 static OutboxRelayState current_state = OUTBOX_STATE_STARTING;
 
 static void set_shared_state(OutboxRelayState state);
 static const char *state_name(OutboxRelayState state);
+static bool relay_row(int n, StatusRow *row);
+static int	unserved_rows(StatusRow *rows);
+static void put_row(ReturnSetInfo *rsinfo, const StatusRow *row);
 
 /*
  * outbox_enter_state
@@ -220,6 +233,124 @@ outbox_status_slot(OutboxRelaySlot *slot, pid_t pid, OutboxRelayState state,
 }
 
 /*
+ * Copy relay slot n into row; false if no relay (or launcher waiting for
+ * the relay's database) holds it.  Copies under the slot's spinlock and
+ * builds the row afterwards, so no relay is ever kept waiting.
+ */
+static bool
+relay_row(int n, StatusRow *row)
+{
+	SpinLockAcquire(&outbox_shared->slots[n].mutex);
+	memcpy(&row->slot, &outbox_shared->slots[n], sizeof(OutboxRelaySlot));
+	SpinLockRelease(&outbox_shared->slots[n].mutex);
+	row->kind = "relay";
+	row->state = state_name(row->slot.state);
+	return row->slot.worker_pid != 0;
+}
+
+/*
+ * Fill rows (room for OUTBOX_MAX_UNSERVED) with the covered databases the
+ * launcher could not start a relay for: state waiting_for_slot, no pid,
+ * last_error saying which budget is used up, last_error_at since when.
+ * Returns how many.
+ */
+static int
+unserved_rows(StatusRow *rows)
+{
+	OutboxUnserved list[OUTBOX_MAX_UNSERVED];
+	int			n;
+	int			i;
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	n = outbox_shared->nunserved;
+	memcpy(list, outbox_shared->unserved, sizeof(OutboxUnserved) * n);
+	SpinLockRelease(&outbox_shared->mutex);
+
+	for (i = 0; i < n; i++)
+	{
+		memset(&rows[i], 0, sizeof(StatusRow));
+		rows[i].kind = "relay";
+		rows[i].state = "waiting_for_slot";
+		rows[i].slot.database_oid = list[i].dboid;
+		strlcpy(rows[i].slot.database_name, list[i].name, NAMEDATALEN);
+		if (list[i].no_bgworker)
+			strlcpy(rows[i].slot.last_error,
+					"no free background worker slot: max_worker_processes is used up",
+					OUTBOX_ERROR_LEN);
+		else
+			snprintf(rows[i].slot.last_error, OUTBOX_ERROR_LEN,
+					 "outbox.max_workers (%d) relays run already", outbox_max_workers);
+		rows[i].slot.last_error_at = list[i].since;
+	}
+	return n;
+}
+
+/*
+ * Build row and add it to the result.  Columns are filled by name from the
+ * declared result, so the same C function serves every version of the SQL
+ * definition (1.0 had no delivery_errors, cluster_status() has kind): an
+ * upgraded library works before ALTER EXTENSION UPDATE.  A zero pid or
+ * time, or an empty name or error, is NULL.
+ */
+static void
+put_row(ReturnSetInfo *rsinfo, const StatusRow *row)
+{
+	TupleDesc	tupdesc = rsinfo->setDesc;
+	const OutboxRelaySlot *s = &row->slot;
+	Datum	   *values = palloc0(sizeof(Datum) * tupdesc->natts);
+	bool	   *nulls = palloc0(sizeof(bool) * tupdesc->natts);
+	int			i;
+
+	for (i = 0; i < tupdesc->natts; i++)
+	{
+		const char *name = NameStr(TupleDescAttr(tupdesc, i)->attname);
+		TimestampTz time = -1;
+
+		if (strcmp(name, "kind") == 0)
+			values[i] = CStringGetTextDatum(row->kind);
+		else if (strcmp(name, "database") == 0)
+		{
+			values[i] = DirectFunctionCall1(namein, CStringGetDatum(s->database_name));
+			nulls[i] = s->database_name[0] == '\0';
+		}
+		else if (strcmp(name, "pid") == 0)
+		{
+			values[i] = Int32GetDatum(s->worker_pid);
+			nulls[i] = s->worker_pid == 0;
+		}
+		else if (strcmp(name, "state") == 0)
+			values[i] = CStringGetTextDatum(row->state);
+		else if (strcmp(name, "published") == 0)
+			values[i] = Int64GetDatum(s->published);
+		else if (strcmp(name, "failed") == 0)
+			values[i] = Int64GetDatum(s->failed);
+		else if (strcmp(name, "delivery_errors") == 0)
+			values[i] = Int64GetDatum(s->delivery_errors);
+		else if (strcmp(name, "last_error") == 0)
+		{
+			values[i] = CStringGetTextDatum(s->last_error);
+			nulls[i] = s->last_error[0] == '\0';
+		}
+		else if (strcmp(name, "last_publish_at") == 0)
+			time = s->last_publish_at;
+		else if (strcmp(name, "last_error_at") == 0)
+			time = s->last_error_at;
+		else if (strcmp(name, "started_at") == 0)
+			time = s->started_at;
+		else
+			nulls[i] = true;	/* a column this library does not know */
+		if (time != -1)
+		{
+			values[i] = TimestampTzGetDatum(time);
+			nulls[i] = time == 0;
+		}
+	}
+	tuplestore_putvalues(rsinfo->setResult, tupdesc, values, nulls);
+	pfree(values);
+	pfree(nulls);
+}
+
+/*
  * outbox_worker_status
  *		SQL: outbox.worker_status() RETURNS SETOF record (database, pid,
  *		state, published, failed, delivery_errors, last_publish_at,
@@ -227,82 +358,76 @@ outbox_status_slot(OutboxRelaySlot *slot, pid_t pid, OutboxRelayState state,
  *
  * One row per relay slot in use: with outbox.databases empty (1.x, one
  * relay) whatever database it serves; otherwise only the relays of the
- * current database.  No rows when the library is not in
- * shared_preload_libraries.  Copies each slot under its spinlock and builds
- * the row afterwards, so no relay is ever kept waiting.
- *
- * Columns are filled by name from the declared result, so the same C
- * function serves every version of the SQL definition (1.0 had no
- * delivery_errors): an upgraded library works before ALTER EXTENSION UPDATE.
+ * current database.  A covered database the launcher has no slot for gets
+ * a row with state waiting_for_slot and no pid.  No rows when the library
+ * is not in shared_preload_libraries.
  */
 Datum
 outbox_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	TupleDesc	tupdesc;
-	OutboxRelaySlot snapshot;
+	bool		all = outbox_databases[0] == '\0';
+	StatusRow	row;
+	StatusRow	unserved[OUTBOX_MAX_UNSERVED];
 	int			n;
-	Datum	   *values;
-	bool	   *nulls;
 	int			i;
 
 	InitMaterializedSRF(fcinfo, 0);
-
 	if (outbox_shared == NULL)
 		return (Datum) 0;
 
-	tupdesc = rsinfo->setDesc;
-	values = palloc0(sizeof(Datum) * tupdesc->natts);
-	nulls = palloc0(sizeof(bool) * tupdesc->natts);
-	for (n = 0; n < outbox_shared->nslots; n++)
-	{
-		SpinLockAcquire(&outbox_shared->slots[n].mutex);
-		memcpy(&snapshot, &outbox_shared->slots[n], sizeof(OutboxRelaySlot));
-		SpinLockRelease(&outbox_shared->slots[n].mutex);
+	for (i = 0; i < outbox_shared->nslots; i++)
+		if (relay_row(i, &row) && (all || row.slot.database_oid == MyDatabaseId))
+			put_row(rsinfo, &row);
+	n = unserved_rows(unserved);
+	for (i = 0; i < n; i++)
+		if (all || unserved[i].slot.database_oid == MyDatabaseId)
+			put_row(rsinfo, &unserved[i]);
+	return (Datum) 0;
+}
 
-		if (snapshot.worker_pid == 0 ||
-			(outbox_databases[0] != '\0' && snapshot.database_oid != MyDatabaseId))
-			continue;
-		memset(nulls, 0, sizeof(bool) * tupdesc->natts);
-		for (i = 0; i < tupdesc->natts; i++)
-		{
-			const char *name = NameStr(TupleDescAttr(tupdesc, i)->attname);
+/*
+ * outbox_cluster_status
+ *		SQL: outbox.cluster_status() RETURNS SETOF record (kind, database,
+ *		pid, state, published, failed, delivery_errors, last_publish_at,
+ *		last_error, last_error_at, started_at).
+ *
+ * The whole server, from any database: first the launcher (kind
+ * launcher, state running, or not_running with no pid while the
+ * postmaster restarts it), then one row per relay of every database (the
+ * rows of worker_status()), then the covered databases waiting for a slot
+ * (waiting_for_slot).  Counters are since each relay started.  No rows
+ * when the library is not in shared_preload_libraries.  Readable by
+ * pg_monitor (the SQL grants say so), never by PUBLIC.
+ */
+Datum
+outbox_cluster_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	StatusRow	row;
+	StatusRow	unserved[OUTBOX_MAX_UNSERVED];
+	int			n;
+	int			i;
 
-			if (strcmp(name, "database") == 0)
-				values[i] = DirectFunctionCall1(namein,
-												CStringGetDatum(snapshot.database_name));
-			else if (strcmp(name, "pid") == 0)
-				values[i] = Int32GetDatum(snapshot.worker_pid);
-			else if (strcmp(name, "state") == 0)
-				values[i] = CStringGetTextDatum(state_name(snapshot.state));
-			else if (strcmp(name, "published") == 0)
-				values[i] = Int64GetDatum(snapshot.published);
-			else if (strcmp(name, "failed") == 0)
-				values[i] = Int64GetDatum(snapshot.failed);
-			else if (strcmp(name, "delivery_errors") == 0)
-				values[i] = Int64GetDatum(snapshot.delivery_errors);
-			else if (strcmp(name, "last_publish_at") == 0)
-			{
-				values[i] = TimestampTzGetDatum(snapshot.last_publish_at);
-				nulls[i] = snapshot.last_publish_at == 0;
-			}
-			else if (strcmp(name, "last_error") == 0)
-			{
-				values[i] = CStringGetTextDatum(snapshot.last_error);
-				nulls[i] = snapshot.last_error[0] == '\0';
-			}
-			else if (strcmp(name, "last_error_at") == 0)
-			{
-				values[i] = TimestampTzGetDatum(snapshot.last_error_at);
-				nulls[i] = snapshot.last_error_at == 0;
-			}
-			else if (strcmp(name, "started_at") == 0)
-				values[i] = TimestampTzGetDatum(snapshot.started_at);
-			else
-				nulls[i] = true;	/* a column this library does not know */
-		}
+	InitMaterializedSRF(fcinfo, 0);
+	if (outbox_shared == NULL)
+		return (Datum) 0;
 
-		tuplestore_putvalues(rsinfo->setResult, tupdesc, values, nulls);
-	}
+	memset(&row, 0, sizeof(row));
+	row.kind = "launcher";
+	SpinLockAcquire(&outbox_shared->mutex);
+	row.slot.worker_pid = outbox_shared->launcher_pid;
+	row.slot.started_at = outbox_shared->launcher_pid != 0 ?
+		outbox_shared->launcher_started_at : 0;
+	SpinLockRelease(&outbox_shared->mutex);
+	row.state = row.slot.worker_pid != 0 ? "running" : "not_running";
+	put_row(rsinfo, &row);
+
+	for (i = 0; i < outbox_shared->nslots; i++)
+		if (relay_row(i, &row))
+			put_row(rsinfo, &row);
+	n = unserved_rows(unserved);
+	for (i = 0; i < n; i++)
+		put_row(rsinfo, &unserved[i]);
 	return (Datum) 0;
 }

@@ -10,16 +10,22 @@ The launcher and its per-database relays (issue 11, phase 1), on a throw-away cl
 - kill -9 of one relay, then of the launcher (each a crash restart of the server): every relay
   comes back, nothing lost;
 - a reload of outbox.databases to a list stops the relays of the databases left out;
-- outbox.max_workers smaller than the databases: one WARNING naming the unserved database.
+- outbox.max_workers smaller than the databases: one WARNING naming the unserved database,
+  outbox.cluster_status() and its outbox.status say waiting_for_slot, and the postgres_exporter
+  queries (sql/monitoring/postgres_exporter.yaml) and the README's alert query tell healthy,
+  paused and unserved relays apart, run as a role that is only in pg_monitor.
 
 The 1.x configuration (outbox.database only) is what every other test runs on.
 """
+import dataclasses
 import time
+from decimal import Decimal
+from pathlib import Path
 
 from conftest import (LogWatcher, create_topics, emit, new_aggregate_type, pg_connect, pg_sh,
                       query, query_one, report, topic_prefix, unique_messages, wait_until)
 from helpers_crash import kill9
-from helpers_lifecycle import (connect_db, extra_cluster, relay_exit_lines, server_crashes,
+from helpers_lifecycle import (connect_db, db_env, extra_cluster, relay_exit_lines, server_crashes,
                                set_system)
 
 DBS = ["lx_a", "lx_b", "lx_c"]
@@ -208,7 +214,47 @@ def test_launcher_relays_every_database(env, reader_factory):
         c.close()
 
 
+def exporter_queries():
+    """{name: (sql, master, [(column, usage)])} of sql/monitoring/postgres_exporter.yaml."""
+    import yaml
+    path = Path(__file__).resolve().parents[2] / "sql" / "monitoring" / "postgres_exporter.yaml"
+    out = {}
+    for name, q in yaml.safe_load(path.read_text()).items():
+        cols = [(col, spec["usage"]) for m in q["metrics"] for col, spec in m.items()]
+        out[name] = (q["query"], bool(q.get("master")), cols)
+    return out
+
+
+def run_exporter_query(conn, name, spec):
+    """Run one exporter query as the caller of conn; check that it returns exactly the declared
+    columns, labels as non-NULL text and counters and gauges as numbers.  Returns the rows as
+    dicts."""
+    sql, _, cols = spec
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        names = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+    assert names == [c for c, _ in cols], (name, names, cols)
+    for row in rows:
+        for value, (col, usage) in zip(row, cols):
+            if usage == "LABEL":
+                assert isinstance(value, str), (name, col, row)
+            else:
+                assert usage in ("GAUGE", "COUNTER") and isinstance(value, (int, float, Decimal)) \
+                    and not isinstance(value, bool), (name, col, usage, row)
+    return [dict(zip(names, r)) for r in rows]
+
+
+def readme_alert(conn):
+    from test_20_capture_ops import readme_monitoring_query
+    return query_one(conn, readme_monitoring_query())[0]
+
+
 def test_max_workers_leaves_databases_unserved(env):
+    """outbox.max_workers = 2, three listed databases: the third gets no relay, one WARNING names
+    it, outbox.cluster_status() (as a pg_monitor-only role) and its own outbox.status say
+    waiting_for_slot, and the postgres_exporter queries of sql/monitoring/ and the README's alert
+    query tell healthy, paused and unserved relays apart."""
     with extra_cluster(env, "launcher-slots", 29, database="postgres") as other:
         c = pg_connect(other)
         for d in DBS:
@@ -216,6 +262,7 @@ def test_max_workers_leaves_databases_unserved(env):
             dc = connect_db(other, d)
             query(dc, "CREATE EXTENSION outbox")
             dc.close()
+        query(c, "CREATE ROLE lx_mon LOGIN IN ROLE pg_monitor")
         # outbox.max_workers needs a restart; the list leaves postgres (no extension) out
         query(c, "ALTER SYSTEM SET outbox.max_workers = 2")
         query(c, "ALTER SYSTEM SET outbox.databases = %s", (",".join(DBS),))
@@ -224,17 +271,59 @@ def test_max_workers_leaves_databases_unserved(env):
         pg_sh(other, "restart")
         c = wait_until(lambda: pg_connect(other), 30, "a connection after the restart")
         wait_until(lambda: sorted(relays_by_db(c)) == DBS[:2], 30, "the first two relays")
-        time.sleep(3)           # several launcher passes: still one warning
+        for d in DBS[:2]:
+            wait_until(lambda: ready_in(other, d), 30, f"the relay of {d}")
+        mon = {d: pg_connect(dataclasses.replace(db_env(other, d), pg_user="lx_mon")) for d in DBS}
+
+        # cluster_status() from any database with the extension, as pg_monitor
+        cs = query(mon[DBS[0]], "SELECT kind, database, pid, state, last_error"
+                                " FROM outbox.cluster_status()")
+        assert cs[0][0] == "launcher" and cs[0][1] is None and cs[0][2] and cs[0][3] == "running", cs
+        relays = {r[1]: r for r in cs[1:]}
+        assert sorted(relays) == DBS and all(r[0] == "relay" for r in cs[1:]), cs
+        assert all(relays[d][2] and relays[d][3] in ("idle", "publishing") for d in DBS[:2]), cs
+        unserved = relays[DBS[2]]
+        assert unserved[2] is None and unserved[3] == "waiting_for_slot", unserved
+        assert "outbox.max_workers (2)" in unserved[4], unserved
+
+        # the unserved database's own status says so; its emit() still works
+        own = query(mon[DBS[2]], "SELECT database, pid, state FROM outbox.status")
+        assert own == [(DBS[2], None, "waiting_for_slot")], own
+        emit_in(other, DBS[2], new_aggregate_type("lx"), 3, "unserved")
+
+        # the exporter's queries: healthy, paused and unserved relays, and the backlog
+        spec = exporter_queries()
+        query(connect_db(other, DBS[1]), "SELECT outbox.pause()")
+        wait_until(lambda: query_one(mon[DBS[1]], "SELECT state FROM outbox.status")[0] == "paused",
+                   15, f"{DBS[1]} paused")
+        metrics = {r["database"]: r for r in
+                   run_exporter_query(mon[DBS[0]], "outbox_cluster", spec["outbox_cluster"])}
+        assert metrics[""]["kind"] == "launcher" and metrics[""]["up"] == 1, metrics
+        assert metrics[DBS[0]]["state"] in ("idle", "publishing") and metrics[DBS[0]]["up"] == 1, metrics
+        assert metrics[DBS[1]]["state"] == "paused" and metrics[DBS[1]]["up"] == 1, metrics
+        assert metrics[DBS[2]]["state"] == "waiting_for_slot" and metrics[DBS[2]]["up"] == 0, metrics
+        backlog = run_exporter_query(mon[DBS[2]], "outbox_backlog", spec["outbox_backlog"])
+        assert [(b["database"], b["pending"]) for b in backlog] == [(DBS[2], 3)], backlog
+        assert backlog[0]["oldest_pending_age_seconds"] > 0, backlog
+
+        # the README's alert query, run in each database
+        alerts = {d: readme_alert(mon[d]) for d in DBS}
+        assert alerts[DBS[0]] is None, alerts
+        assert alerts[DBS[1]].startswith("relay paused"), alerts
+        assert alerts[DBS[2]].startswith("relay waiting_for_slot: outbox.max_workers (2)"), alerts
+        query(connect_db(other, DBS[1]), "SELECT outbox.resume()")
+
         lines = watcher.new_lines()
         warned = [ln for ln in lines if "database(s) have no relay" in ln]
         assert len(warned) == 1 and f'"{DBS[2]}"' in warned[0], warned
         assert sorted(relays_by_db(c)) == DBS[:2], relays_by_db(c)
-        # the unserved database's emit() still works and says nothing is lost
-        dc = connect_db(other, DBS[2])
-        assert query_one(dc, "SELECT count(*) FROM outbox.status")[0] == 0
-        dc.close()
         report(f"OUTBOX LAUNCHER slots: outbox.max_workers = 2, 3 databases: 2 relays, one WARNING"
-               f" naming {DBS[2]}")
+               f" naming {DBS[2]}; cluster_status() as pg_monitor: launcher running, {DBS[2]}"
+               f" waiting_for_slot ({unserved[4]!r}); exporter queries {sorted(spec)}:"
+               f" states {sorted((d, m['state'], m['up']) for d, m in metrics.items())}, backlog of"
+               f" {DBS[2]} pending {backlog[0]['pending']}; README alert: {alerts}")
+        for m in mon.values():
+            m.close()
         c.close()
 
 

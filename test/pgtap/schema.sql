@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(138);
+SELECT plan(143);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -155,7 +155,14 @@ SELECT is(pg_get_function_arguments('outbox.worker_status()'::regprocedure),
           'outbox.worker_status OUT columns');
 SELECT function_lang_is('outbox', 'worker_status', ARRAY[]::text[], 'c', 'outbox.worker_status is written in C');
 SELECT volatility_is('outbox', 'worker_status', ARRAY[]::text[], 'volatile', 'outbox.worker_status is VOLATILE');
-SELECT functions_are('outbox', ARRAY['emit', 'worker_status', 'retry_failed', 'capture', 'pause',
+-- function outbox.cluster_status (1.5): worker_status' columns after kind
+SELECT has_function('outbox', 'cluster_status', ARRAY[]::text[], 'function outbox.cluster_status() exists');
+SELECT is(pg_get_function_arguments('outbox.cluster_status()'::regprocedure),
+          'OUT kind text, ' || pg_get_function_arguments('outbox.worker_status()'::regprocedure),
+          'outbox.cluster_status OUT columns: kind, then those of worker_status');
+SELECT function_lang_is('outbox', 'cluster_status', ARRAY[]::text[], 'c', 'outbox.cluster_status is written in C');
+SELECT volatility_is('outbox', 'cluster_status', ARRAY[]::text[], 'volatile', 'outbox.cluster_status is VOLATILE');
+SELECT functions_are('outbox', ARRAY['emit', 'worker_status', 'cluster_status', 'retry_failed', 'capture', 'pause',
                                      'resume', 'replay', 'purge', 'published'],
                      'schema outbox has exactly the documented functions');
 SELECT function_returns('outbox', 'capture', ARRAY[]::text[], 'trigger', 'outbox.capture() is a trigger function');
@@ -268,6 +275,8 @@ SELECT ok(coalesce(btrim(obj_description('outbox.emit(text, text, text, jsonb, j
           'function outbox.emit has a comment');
 SELECT ok(coalesce(btrim(obj_description('outbox.worker_status()'::regprocedure, 'pg_proc')), '') <> '',
           'function outbox.worker_status has a comment');
+SELECT ok(coalesce(btrim(obj_description('outbox.cluster_status()'::regprocedure, 'pg_proc')), '') <> '',
+          'function outbox.cluster_status has a comment');
 SELECT ok(coalesce(btrim(obj_description('outbox.status'::regclass, 'pg_class')), '') <> '',
           'view outbox.status has a comment');
 SELECT is_empty($$

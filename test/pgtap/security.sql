@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(43);
+SELECT plan(45);
 
 CREATE ROLE outbox_t_nobody;           -- only PUBLIC's rights
 CREATE ROLE outbox_t_app;              -- may emit
@@ -29,6 +29,8 @@ SELECT ok(NOT has_schema_privilege('public', 'outbox', 'USAGE'), 'PUBLIC has no 
 SET ROLE outbox_t_nobody;
 SELECT throws_ok($$SELECT outbox.emit('o', '1', 'e', '{}')$$, '42501', NULL, 'PUBLIC cannot emit');
 SELECT throws_ok($$SELECT outbox.pause()$$, '42501', NULL, 'PUBLIC cannot pause');
+SELECT throws_ok($$SELECT * FROM outbox.cluster_status()$$, '42501', NULL,
+                 'PUBLIC cannot read outbox.cluster_status() (other databases'' relays)');
 SELECT throws_ok($$SELECT outbox.resume()$$, '42501', NULL, 'PUBLIC cannot resume');
 SELECT throws_ok($$SELECT outbox.replay(now())$$, '42501', NULL, 'PUBLIC cannot replay by time');
 SELECT throws_ok($$SELECT outbox.replay(1, 2)$$, '42501', NULL, 'PUBLIC cannot replay by id');
@@ -122,6 +124,7 @@ SET ROLE outbox_t_monitor;
 SELECT lives_ok($$SELECT * FROM outbox.status$$, 'pg_monitor can read outbox.status');
 SELECT throws_ok($$SELECT * FROM outbox.events$$, '42501', NULL, 'pg_monitor cannot read outbox.events');
 SELECT throws_ok($$SELECT outbox.pause()$$, '42501', NULL, 'pg_monitor cannot pause');
+SELECT lives_ok($$SELECT * FROM outbox.cluster_status()$$, 'pg_monitor can read outbox.cluster_status()');
 -- (pg_monitor includes pg_read_all_settings: that it sees no secret values in
 -- outbox.kafka_properties is tested with real secrets in test/integration/test_21_security.py)
 RESET ROLE;
@@ -135,8 +138,8 @@ $$, 'every function in schema outbox pins search_path = pg_catalog, pg_temp');
 SELECT is(ARRAY(SELECT p.proname::text FROM pg_proc p
                  WHERE p.pronamespace = 'outbox'::regnamespace AND NOT p.prosecdef
                  ORDER BY 1),
-          ARRAY['worker_status'],
-          'every function but worker_status() is SECURITY DEFINER');
+          ARRAY['cluster_status', 'worker_status'],
+          'every function but worker_status() and cluster_status() is SECURITY DEFINER');
 
 SELECT * FROM finish();
 ROLLBACK;
