@@ -6,7 +6,8 @@ shutdowns and reloads):
   over M aggregates, each aggregate owned by one session so its events are serialized and carry
   a per-aggregate sequence number.  Sessions reconnect after failures.  An event whose COMMIT
   returned is "committed"; one whose COMMIT raised is "unknown" (it may or may not exist).  A
-  gate lets the test park every session while it restarts the server.
+  gate lets the test park every session while it restarts the server.  With rollback_share > 0
+  that share of the transactions is rolled back after emit(): their events must never arrive.
 - LightReader: a Kafka consumer polled by a background thread that keeps only
   (topic, partition, offset, key, event id) per message, for hundreds of thousands of messages.
 - delivery_check(): nothing lost, nothing unexpected, per-aggregate order (first occurrences in
@@ -39,13 +40,16 @@ class EmitLoad:
     """Sessions emitting one event per transaction, continuously, until stop()."""
 
     def __init__(self, env: Env, aggregate_type: str, sessions: int = 8, aggregates: int = 64,
-                 tag: str = "agg", seed: int = 0, think_s: float = 0.0):
+                 tag: str = "agg", seed: int = 0, think_s: float = 0.0,
+                 rollback_share: float = 0.0):
         self.env = env
         self.aggregate_type = aggregate_type
         self.sessions = sessions
         self.aggregates = [f"{tag}-{k}" for k in range(aggregates)]
         self.seed = seed
         self.think_s = think_s
+        self.rollback_share = rollback_share
+        self.rolled_back: Set[str] = set()   # emitted, then rolled back: must never arrive
         self._lock = threading.Lock()
         self.committed: Dict[str, Tuple[str, int]] = {}          # event_id -> (aggregate, seq)
         self.unknown: Dict[str, Tuple[str, int, int]] = {}       # event_id -> (aggregate, seq, epoch)
@@ -153,6 +157,14 @@ class EmitLoad:
                         self.unexpected_errors.append(f"emit: {type(e).__name__}: {e}")
                 conn = self._drop(conn)
                 continue
+            if self.rollback_share and rng.random() < self.rollback_share:
+                try:
+                    conn.rollback()
+                except psycopg2.Error:
+                    conn = self._drop(conn)     # the event does not exist either way
+                with self._lock:
+                    self.rolled_back.add(event_id)
+                continue
             try:
                 conn.commit()
             except psycopg2.Error as e:
@@ -188,6 +200,7 @@ class LightReader:
     def __init__(self, env: Env, topics: List[str]):
         self.topics = list(topics)
         self.rows: List[Tuple[str, int, int, Optional[str], Optional[str]]] = []
+        self.times: List[float] = []    # time.monotonic() each row was read, in rows' order
         self.errors: List[str] = []
         self.assigned = set()
         self._ids = collections.Counter()
@@ -235,8 +248,10 @@ class LightReader:
                 topic = m.topic()
                 got.append((strings.setdefault(topic, topic), m.partition(), m.offset(), key, eid))
             if got:
+                now = time.monotonic()
                 with self._lock:
                     self.rows.extend(got)
+                    self.times.extend([now] * len(got))
                     self._ids.update(r[4] for r in got)
 
     def wait_assigned(self, timeout: float = 30):
@@ -267,6 +282,11 @@ class LightReader:
     def snapshot(self):
         with self._lock:
             return list(self.rows)
+
+    def arrivals(self, ids) -> List[float]:
+        """The times (time.monotonic()) at which the events of ids were read, sorted."""
+        with self._lock:
+            return sorted(t for r, t in zip(self.rows, self.times) if r[4] in ids)
 
     def close(self):
         self._stop.set()
