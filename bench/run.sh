@@ -21,7 +21,9 @@
 #   BENCH_DBZ_POLL_MS       10        Debezium poll.interval.ms in the latency run (its default 500 in the drain)
 #   BENCH_LAT_BATCH_CONSUMER 0        1: section 3 also runs the Python consumer as it was before 2026-12
 #                                     (consume(1000, 0.05)), to show what its batch window costs
-#   BENCH_SECTIONS          1,2a,2b,2c,3,5   which sections to run (2a includes section 4)
+#   BENCH_SECTIONS          1,2a,2b,2c,3,5,6 which sections to run (2a includes section 4; 6 is
+#                                     bench/databases.sh: one backlog over 1, 2, 4 databases)
+#   BENCH_DB_EVENTS         1000000   section 6: backlog size; BENCH_DB_CASES "1,2,4" databases
 #   BENCH_STEADY_EVENTS     5000000   section 5: events emitted at a steady rate, relay publishing
 #   BENCH_STEADY_RATE       20000     section 5: events per second (BENCH_STEADY_BATCH per commit)
 #   BENCH_STEADY_BATCH      1000      section 5: events per transaction (one emit() statement)
@@ -71,7 +73,7 @@ die() { printf 'bench: ERROR: %s\n' "$*" >&2; exit 1; }
 # ------------------------------------------------------------------ prerequisites
 command -v pgbench >/dev/null || die "pgbench not found (postgresql-contrib / postgresql-client-15)"
 # Debezium (Java, Maven) only for the sections that run it: 2b, and 3 unless BENCH_LAT_SYSTEMS leaves it out
-SECTIONS=",${BENCH_SECTIONS:-1,2a,2b,2c,3,5},"
+SECTIONS=",${BENCH_SECTIONS:-1,2a,2b,2c,3,5,6},"
 SECTIONS=${SECTIONS// /}
 NEED_DBZ=0
 if [[ "$SECTIONS" == *",2b,"* ]] || { [[ "$SECTIONS" == *",3,"* ]] && [[ ",${BENCH_LAT_SYSTEMS:-ext,dbz,poller}," == *",dbz,"* ]]; }; then
@@ -133,5 +135,11 @@ OUTBOX_KAFKA_FRESH=1 test/env/kafka.sh start
 OUTBOX_PG_FRESH=1 test/env/pg.sh start
 
 t0=$SECONDS
-"$PY" "$BENCH_DIR/load/driver.py"
-log "finished in $((SECONDS - t0)) s; results in ${BENCH_RESULTS_DIR:-bench/results}/latest.md and latest.json"
+# driver.py runs sections 1-5 and writes latest.md; section 6 is a script of its own
+if [[ "${SECTIONS//,6,/,}" != "," ]]; then
+    BENCH_SECTIONS="${SECTIONS:1:-1}" "$PY" "$BENCH_DIR/load/driver.py"
+fi
+if [[ "$SECTIONS" == *",6,"* ]]; then
+    "$BENCH_DIR/databases.sh"
+fi
+log "finished in $((SECONDS - t0)) s; results in ${BENCH_RESULTS_DIR:-bench/results}/latest.md, latest.json and databases.md"

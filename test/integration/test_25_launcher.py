@@ -10,6 +10,8 @@ The launcher and its per-database relays (issue 11, phase 1), on a throw-away cl
   doubled); every committed event of the databases that stay arrives, none rolled back does,
   per-aggregate order holds; then a plain DROP DATABASE;
 - a reload of outbox.databases to a list stops the relays of the databases left out;
+- RENAME, ALLOW_CONNECTIONS false/true, IS_TEMPLATE true/false of a relayed database and CREATE
+  DATABASE ... TEMPLATE it: never held up, relays stop and start accordingly;
 - outbox.max_workers smaller than the databases: one WARNING naming the unserved database,
   outbox.cluster_status() and its outbox.status say waiting_for_slot, and the postgres_exporter
   queries (sql/monitoring/postgres_exporter.yaml) and the README's alert query tell healthy,
@@ -248,6 +250,69 @@ def test_launcher_relays_every_database(env):
                f" {figures['drop_plain_s']:.2f}s; relays back"
                f" {figures['back_after_relay_kill_s']:.1f}s after kill -9 of a relay,"
                f" {figures['back_after_launcher_kill_s']:.1f}s after kill -9 of the launcher")
+        c.close()
+
+
+def test_rename_close_template_and_copy_of_relayed_databases(env):
+    """With outbox.databases = '*': ALTER DATABASE ... RENAME of a relayed database is not held up
+    by its relay, which comes back under the new name; ALLOW_CONNECTIONS false and IS_TEMPLATE
+    true stop its relay, and their reverse start it again; CREATE DATABASE ... TEMPLATE a relayed
+    database succeeds at once, and the copy gets a relay of its own.  After each step an event
+    emitted there arrives."""
+    a, b, b2, copy = "lr_a", "lr_b", "lr_b2", "lr_copy"
+    agg = new_aggregate_type("lr")
+    figures = {}
+    with extra_cluster(env, "launcher-rename", 29, database="postgres") as other:
+        c = pg_connect(other)
+        for d in (a, b):
+            query(c, f"CREATE DATABASE {d}")
+            dc = connect_db(other, d)
+            query(dc, "CREATE EXTENSION outbox")
+            dc.close()
+        topic = topic_prefix(c) + agg
+        create_topics(env, [topic])
+        reader = LightReader(other, [topic])
+        reader.wait_assigned()
+        set_system(c, "outbox.databases", "*")
+
+        def served(dbs, what):
+            t0 = time.monotonic()
+            wait_until(lambda: sorted(relays_by_db(c)) == sorted(dbs), 30, what)
+            for d in dbs:
+                wait_until(lambda: ready_in(other, d), 30, f"the relay of {d} ready ({what})")
+            ids = [i for d in dbs for i in emit_in(other, d, agg, 2, what)]
+            assert not reader.wait_for(ids, DELIVERY_TIMEOUT_S, extra=0), f"events after: {what}"
+            return time.monotonic() - t0
+
+        served([a, b], "both relayed")
+        t0 = time.monotonic()
+        query(c, f"ALTER DATABASE {b} RENAME TO {b2}")
+        figures["rename_s"] = time.monotonic() - t0
+        assert figures["rename_s"] < DROP_LIMIT_S, figures
+        figures["renamed_served_s"] = served([a, b2], "after RENAME")
+
+        query(c, f"ALTER DATABASE {b2} ALLOW_CONNECTIONS false")
+        wait_until(lambda: sorted(relays_by_db(c)) == [a], 30, "no relay in a closed database")
+        query(c, f"ALTER DATABASE {b2} ALLOW_CONNECTIONS true")
+        figures["reopened_served_s"] = served([a, b2], "after ALLOW_CONNECTIONS true")
+
+        query(c, f"ALTER DATABASE {b2} IS_TEMPLATE true")
+        wait_until(lambda: sorted(relays_by_db(c)) == [a], 30, "no relay in a template")
+        query(c, f"ALTER DATABASE {b2} IS_TEMPLATE false")
+        served([a, b2], "after IS_TEMPLATE false")
+
+        t0 = time.monotonic()
+        query(c, f"CREATE DATABASE {copy} TEMPLATE {a}")
+        figures["copy_s"] = time.monotonic() - t0
+        assert figures["copy_s"] < DROP_LIMIT_S, figures
+        figures["copy_served_s"] = served([a, b2, copy], "after CREATE DATABASE ... TEMPLATE")
+        reader.close()
+        report(f"OUTBOX LAUNCHER lifecycle ('*'): RENAME of a relayed database {figures['rename_s']:.2f}s,"
+               f" relay back under the new name and an event delivered {figures['renamed_served_s']:.2f}s"
+               f" later; ALLOW_CONNECTIONS false/IS_TEMPLATE true stopped the relay, their reverse"
+               f" started it again (served {figures['reopened_served_s']:.2f}s after reopening);"
+               f" CREATE DATABASE ... TEMPLATE a relayed database {figures['copy_s']:.2f}s, the copy"
+               f" served {figures['copy_served_s']:.2f}s later")
         c.close()
 
 
