@@ -54,6 +54,12 @@ def relays_by_db(conn):
     return out
 
 
+def relay_dbs(conn):
+    """The databases of the running relays, sorted; a relay that has not connected yet shows as
+    None (sorted last), so a comparison with a list of names waits for it."""
+    return sorted(relays_by_db(conn), key=lambda d: (d is None, d or ""))
+
+
 def relays_fresh(other):
     """relays_by_db over a new connection: after a kill -9 a connection made before the
     postmaster noticed the crash dies with it."""
@@ -141,8 +147,8 @@ def test_launcher_relays_every_database(env):
         for d in LOAD_DBS:
             wait_until(lambda: ready_in(other, d), 30, f"the relay of {d}")
         # postgres has no extension: its probe relay exits at once
-        by_db = wait_until(lambda: (lambda r: r if sorted(r) == LOAD_DBS else None)(relays_by_db(c)),
-                           15, "one relay per database with the extension")
+        wait_until(lambda: relay_dbs(c) == LOAD_DBS, 15, "one relay per database with the extension")
+        by_db = relays_by_db(c)
         assert all(len(p) == 1 for p in by_db.values()), by_db
 
         def load_for(d, sessions, seed):
@@ -232,7 +238,7 @@ def test_launcher_relays_every_database(env):
 
         # reload to a list: the relays of the databases left out stop
         set_system(c, "outbox.databases", LOAD_DBS[0])
-        wait_until(lambda: sorted(relays_by_db(c)) == [LOAD_DBS[0]], 15,
+        wait_until(lambda: relay_dbs(c) == [LOAD_DBS[0]], 15,
                    "only the listed database's relay")
         last = emit_in(other, LOAD_DBS[0], agg, PER_DB, "list")
         assert not reader.wait_for(last, DELIVERY_TIMEOUT_S, extra=0), "events of the listed database"
@@ -277,7 +283,7 @@ def test_rename_close_template_and_copy_of_relayed_databases(env):
 
         def served(dbs, what):
             t0 = time.monotonic()
-            wait_until(lambda: sorted(relays_by_db(c)) == sorted(dbs), 30, what)
+            wait_until(lambda: relay_dbs(c) == sorted(dbs), 30, what)
             for d in dbs:
                 wait_until(lambda: ready_in(other, d), 30, f"the relay of {d} ready ({what})")
             ids = [i for d in dbs for i in emit_in(other, d, agg, 2, what)]
@@ -292,12 +298,12 @@ def test_rename_close_template_and_copy_of_relayed_databases(env):
         figures["renamed_served_s"] = served([a, b2], "after RENAME")
 
         query(c, f"ALTER DATABASE {b2} ALLOW_CONNECTIONS false")
-        wait_until(lambda: sorted(relays_by_db(c)) == [a], 30, "no relay in a closed database")
+        wait_until(lambda: relay_dbs(c) == [a], 30, "no relay in a closed database")
         query(c, f"ALTER DATABASE {b2} ALLOW_CONNECTIONS true")
         figures["reopened_served_s"] = served([a, b2], "after ALLOW_CONNECTIONS true")
 
         query(c, f"ALTER DATABASE {b2} IS_TEMPLATE true")
-        wait_until(lambda: sorted(relays_by_db(c)) == [a], 30, "no relay in a template")
+        wait_until(lambda: relay_dbs(c) == [a], 30, "no relay in a template")
         query(c, f"ALTER DATABASE {b2} IS_TEMPLATE false")
         served([a, b2], "after IS_TEMPLATE false")
 
@@ -372,7 +378,7 @@ def test_max_workers_leaves_databases_unserved(env):
         watcher = LogWatcher(other)
         pg_sh(other, "restart")
         c = wait_until(lambda: pg_connect(other), 30, "a connection after the restart")
-        wait_until(lambda: sorted(relays_by_db(c)) == DBS[:2], 30, "the first two relays")
+        wait_until(lambda: relay_dbs(c) == DBS[:2], 30, "the first two relays")
         for d in DBS[:2]:
             wait_until(lambda: ready_in(other, d), 30, f"the relay of {d}")
         mon = {d: pg_connect(dataclasses.replace(db_env(other, d), pg_user="lx_mon")) for d in DBS}
@@ -418,7 +424,7 @@ def test_max_workers_leaves_databases_unserved(env):
         lines = watcher.new_lines()
         warned = [ln for ln in lines if "database(s) have no relay" in ln]
         assert len(warned) == 1 and f'"{DBS[2]}"' in warned[0], warned
-        assert sorted(relays_by_db(c)) == DBS[:2], relays_by_db(c)
+        assert relay_dbs(c) == DBS[:2], relays_by_db(c)
         report(f"OUTBOX LAUNCHER slots: outbox.max_workers = 2, 3 databases: 2 relays, one WARNING"
                f" naming {DBS[2]}; cluster_status() as pg_monitor: launcher running, {DBS[2]}"
                f" waiting_for_slot ({unserved[4]!r}); exporter queries {sorted(spec)}:"
