@@ -42,6 +42,7 @@ static const char *state_name(OutboxRelayState state);
 static bool relay_row(int n, StatusRow *row);
 static int	unserved_rows(StatusRow *rows);
 static void put_row(ReturnSetInfo *rsinfo, const StatusRow *row);
+static void put_relay_rows(ReturnSetInfo *rsinfo, bool all);
 
 /*
  * outbox_enter_state
@@ -351,6 +352,27 @@ put_row(ReturnSetInfo *rsinfo, const StatusRow *row)
 }
 
 /*
+ * Add the rows of the relays, then of the databases waiting for a slot:
+ * all of them, or (all false) those of the current database only.
+ */
+static void
+put_relay_rows(ReturnSetInfo *rsinfo, bool all)
+{
+	StatusRow	row;
+	StatusRow	unserved[OUTBOX_MAX_UNSERVED];
+	int			n;
+	int			i;
+
+	for (i = 0; i < outbox_shared->nslots; i++)
+		if (relay_row(i, &row) && (all || row.slot.database_oid == MyDatabaseId))
+			put_row(rsinfo, &row);
+	n = unserved_rows(unserved);
+	for (i = 0; i < n; i++)
+		if (all || unserved[i].slot.database_oid == MyDatabaseId)
+			put_row(rsinfo, &unserved[i]);
+}
+
+/*
  * outbox_worker_status
  *		SQL: outbox.worker_status() RETURNS SETOF record (database, pid,
  *		state, published, failed, delivery_errors, last_publish_at,
@@ -366,23 +388,10 @@ Datum
 outbox_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	bool		all = outbox_databases[0] == '\0';
-	StatusRow	row;
-	StatusRow	unserved[OUTBOX_MAX_UNSERVED];
-	int			n;
-	int			i;
 
 	InitMaterializedSRF(fcinfo, 0);
-	if (outbox_shared == NULL)
-		return (Datum) 0;
-
-	for (i = 0; i < outbox_shared->nslots; i++)
-		if (relay_row(i, &row) && (all || row.slot.database_oid == MyDatabaseId))
-			put_row(rsinfo, &row);
-	n = unserved_rows(unserved);
-	for (i = 0; i < n; i++)
-		if (all || unserved[i].slot.database_oid == MyDatabaseId)
-			put_row(rsinfo, &unserved[i]);
+	if (outbox_shared != NULL)
+		put_relay_rows(rsinfo, outbox_databases[0] == '\0');
 	return (Datum) 0;
 }
 
@@ -405,9 +414,6 @@ outbox_cluster_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	StatusRow	row;
-	StatusRow	unserved[OUTBOX_MAX_UNSERVED];
-	int			n;
-	int			i;
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (outbox_shared == NULL)
@@ -422,12 +428,6 @@ outbox_cluster_status(PG_FUNCTION_ARGS)
 	SpinLockRelease(&outbox_shared->mutex);
 	row.state = row.slot.worker_pid != 0 ? "running" : "not_running";
 	put_row(rsinfo, &row);
-
-	for (i = 0; i < outbox_shared->nslots; i++)
-		if (relay_row(i, &row))
-			put_row(rsinfo, &row);
-	n = unserved_rows(unserved);
-	for (i = 0; i < n; i++)
-		put_row(rsinfo, &unserved[i]);
+	put_relay_rows(rsinfo, true);
 	return (Datum) 0;
 }

@@ -102,6 +102,25 @@ def emit_in(other, db, agg, n, tag):
         c.close()
 
 
+def relayed_databases(env, other, dbs, agg=None):
+    """CREATE DATABASE and CREATE EXTENSION outbox for each of dbs in cluster other.  Returns a
+    connection to its postgres database and, if agg is given, a LightReader assigned to the
+    topic of that aggregate type (created first), else None."""
+    c = pg_connect(other)
+    for d in dbs:
+        query(c, f"CREATE DATABASE {d}")
+        dc = connect_db(other, d)
+        query(dc, "CREATE EXTENSION outbox")
+        dc.close()
+    if agg is None:
+        return c, None
+    topic = topic_prefix(c) + agg
+    create_topics(env, [topic])
+    reader = LightReader(other, [topic])
+    reader.wait_assigned()
+    return c, reader
+
+
 def longest_gap(times, start, end):
     """The longest time between consecutive arrivals (sorted times) that overlaps [start, end]."""
     gaps = [b - a for a, b in zip(times, times[1:]) if b >= start and a <= end]
@@ -132,16 +151,7 @@ def test_launcher_relays_every_database(env):
     agg = new_aggregate_type("lx")
     figures = {}
     with extra_cluster(env, "launcher", 28, database="postgres") as other:
-        c = pg_connect(other)
-        for d in LOAD_DBS:
-            query(c, f"CREATE DATABASE {d}")
-            dc = connect_db(other, d)
-            query(dc, "CREATE EXTENSION outbox")
-            dc.close()
-        topic = topic_prefix(c) + agg
-        create_topics(env, [topic])
-        reader = LightReader(other, [topic])
-        reader.wait_assigned()
+        c, reader = relayed_databases(env, other, LOAD_DBS, agg)
         watcher = LogWatcher(other)
         set_system(c, "outbox.databases", "*")
         for d in LOAD_DBS:
@@ -269,16 +279,7 @@ def test_rename_close_template_and_copy_of_relayed_databases(env):
     agg = new_aggregate_type("lr")
     figures = {}
     with extra_cluster(env, "launcher-rename", 29, database="postgres") as other:
-        c = pg_connect(other)
-        for d in (a, b):
-            query(c, f"CREATE DATABASE {d}")
-            dc = connect_db(other, d)
-            query(dc, "CREATE EXTENSION outbox")
-            dc.close()
-        topic = topic_prefix(c) + agg
-        create_topics(env, [topic])
-        reader = LightReader(other, [topic])
-        reader.wait_assigned()
+        c, reader = relayed_databases(env, other, [a, b], agg)
         set_system(c, "outbox.databases", "*")
 
         def served(dbs, what):
@@ -364,12 +365,7 @@ def test_max_workers_leaves_databases_unserved(env):
     waiting_for_slot, and the postgres_exporter queries of sql/monitoring/ and the README's alert
     query tell healthy, paused and unserved relays apart."""
     with extra_cluster(env, "launcher-slots", 29, database="postgres") as other:
-        c = pg_connect(other)
-        for d in DBS:
-            query(c, f"CREATE DATABASE {d}")
-            dc = connect_db(other, d)
-            query(dc, "CREATE EXTENSION outbox")
-            dc.close()
+        c, _ = relayed_databases(env, other, DBS)
         query(c, "CREATE ROLE lx_mon LOGIN IN ROLE pg_monitor")
         # outbox.max_workers needs a restart; the list leaves postgres (no extension) out
         query(c, "ALTER SYSTEM SET outbox.max_workers = 2")
