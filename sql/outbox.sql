@@ -355,7 +355,7 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.cluster_status() IS
-'The whole server, read from shared memory, from any database. First row: kind launcher, state running (not_running, pid NULL, while the postmaster restarts it), started_at. Then kind relay, one row per relay worker of every database, with the columns of outbox.worker_status() (counters since that worker started). Then kind relay, state waiting_for_slot, pid NULL, for each database covered by outbox.databases that has no relay because outbox.max_workers or max_worker_processes is used up (last_error says which, last_error_at since when; the first 32 such databases). No rows when the library is not in shared_preload_libraries. Executable by pg_monitor.';
+'The whole server, read from shared memory, from any database. First row: kind launcher, state running (not_running, pid NULL, while the postmaster restarts it), started_at. Then kind relay, one row per relay worker of every database, with the columns of outbox.worker_status() (counters since that worker started). Then kind relay, state waiting_for_slot, pid NULL, for each database covered by outbox.databases that has no relay because outbox.max_workers or max_worker_processes is used up (last_error says which, last_error_at since when; the first 256 such databases). No rows when the library is not in shared_preload_libraries. Executable by pg_monitor.';
 
 /* trigger capture */
 CREATE FUNCTION outbox.capture()

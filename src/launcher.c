@@ -83,7 +83,6 @@ typedef struct LauncherDb
 
 static HTAB *databases = NULL;
 static MemoryContext pass_context = NULL;
-static char *logged_unserved = NULL;	/* the unserved names last logged */
 static bool bgw_slots_exhausted = false;
 
 static void launcher_shutdown(int code, Datum arg);
@@ -96,6 +95,7 @@ static void stop_relay(LauncherDb *db);
 static bool start_relay(LauncherDb *db, TimestampTz now);
 static int	take_slot(LauncherDb *db);
 static void free_slot(LauncherDb *db);
+static bool free_waiting_slot(void);
 static void report_unserved(LauncherDb **unserved, int count);
 
 /*
@@ -192,6 +192,30 @@ free_slot(LauncherDb *db)
 }
 
 /*
+ * Free a slot the launcher holds only to show a database it waits for
+ * (waiting_for_database): a relay that can run needs it more.  False if
+ * there is none.
+ */
+static bool
+free_waiting_slot(void)
+{
+	HASH_SEQ_STATUS seq;
+	LauncherDb *db;
+
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+	{
+		if (db->obstacle != NULL && db->slot >= 0 && db->handle == NULL)
+		{
+			free_slot(db);
+			hash_seq_term(&seq);
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
  * One pass (see the file header).  Returns how long to sleep (ms) unless
  * the latch is set earlier.
  */
@@ -245,10 +269,23 @@ launcher_pass(void)
 			continue;
 		if (db->obstacle != NULL)
 		{
-			/* lists only: show the wait in outbox.status, log it once */
+			/*
+			 * Lists only: show the wait in outbox.status, in a free slot (a
+			 * relay that can start takes it back) or else in the list of
+			 * databases without a relay; log it once.
+			 */
 			if (db->slot >= 0 || take_slot(db) >= 0)
+			{
 				outbox_status_slot(&outbox_shared->slots[db->slot], MyProcPid,
 								   OUTBOX_STATE_WAITING_FOR_DATABASE, db->obstacle);
+				db->unserved_since = 0;
+			}
+			else
+			{
+				if (db->unserved_since == 0)
+					db->unserved_since = now;
+				unserved[nunserved++] = db;
+			}
 			if (db->logged_obstacle == NULL || strcmp(db->logged_obstacle, db->obstacle) != 0)
 			{
 				ereport(LOG,
@@ -264,9 +301,10 @@ launcher_pass(void)
 			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
 			continue;
 		}
+		/* a listed database gets a relay that waits for the extension */
 		if (db->absent)
 		{
-			if (!TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS))
+			if (all && !TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS))
 				continue;
 			db->absent = false;
 		}
@@ -510,7 +548,8 @@ start_relay(LauncherDb *db, TimestampTz now)
 	bool		registered;
 
 	db->no_bgworker = false;
-	if (db->slot < 0 && take_slot(db) < 0)
+	if (db->slot < 0 && take_slot(db) < 0 &&
+		(!free_waiting_slot() || take_slot(db) < 0))
 		return false;
 	slot = &outbox_shared->slots[db->slot];
 	outbox_status_slot(slot, 0, OUTBOX_STATE_STARTING, NULL);
@@ -560,43 +599,24 @@ start_relay(LauncherDb *db, TimestampTz now)
 }
 
 /*
- * Publish the databases left without a relay for want of a slot (for
- * outbox.cluster_status() and their outbox.status), and log them once per
- * change of that set, and once when all are served again.
+ * Hand the databases left without a relay to status.c, which shows them in
+ * outbox.cluster_status() and their outbox.status and logs them.
  */
 static void
 report_unserved(LauncherDb **unserved, int count)
 {
-	OutboxUnserved list[OUTBOX_MAX_UNSERVED];
-	StringInfoData names;
+	OutboxUnserved *list = palloc0(sizeof(OutboxUnserved) * Max(count, 1));
 	int			i;
 
-	initStringInfo(&names);
 	for (i = 0; i < count; i++)
 	{
-		appendStringInfo(&names, "%s\"%s\"", i > 0 ? ", " : "", unserved[i]->name);
-		if (i >= OUTBOX_MAX_UNSERVED)
-			continue;
 		list[i].dboid = unserved[i]->dboid;
 		strlcpy(list[i].name, unserved[i]->name, NAMEDATALEN);
 		list[i].no_bgworker = unserved[i]->no_bgworker;
 		list[i].since = unserved[i]->unserved_since;
+		list[i].waiting_for_database = unserved[i]->obstacle != NULL;
+		if (unserved[i]->obstacle != NULL)
+			strlcpy(list[i].obstacle, unserved[i]->obstacle, sizeof(list[i].obstacle));
 	}
-	outbox_set_unserved(list, count);
-
-	if (logged_unserved != NULL && strcmp(logged_unserved, names.data) == 0)
-		return;
-	if (count > 0)
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("outbox: %d database(s) have no relay: %s", count, names.data),
-				 errdetail("outbox.max_workers (%d) relays run, or no background worker slot was free.",
-						   outbox_max_workers),
-				 errhint("Raise outbox.max_workers or max_worker_processes (both need a restart), or cover fewer databases with outbox.databases. Their events wait in outbox.events.")));
-	else if (logged_unserved != NULL && logged_unserved[0] != '\0')
-		ereport(LOG,
-				(errmsg("outbox: every covered database has a relay again")));
-	if (logged_unserved != NULL)
-		pfree(logged_unserved);
-	logged_unserved = MemoryContextStrdup(TopMemoryContext, names.data);
+	outbox_status_unserved(list, count);
 }

@@ -149,10 +149,11 @@ typedef struct OutboxRelaySlot
 /*
  * A covered database the launcher could not start a relay for (shown by
  * outbox.cluster_status() and that database's outbox.status as
- * waiting_for_slot).  Only the first OUTBOX_MAX_UNSERVED are kept; the
+ * waiting_for_slot, or waiting_for_database if it cannot be connected to
+ * either).  Only the first OUTBOX_MAX_UNSERVED are kept; the
  * launcher's WARNING names them all.
  */
-#define OUTBOX_MAX_UNSERVED		32
+#define OUTBOX_MAX_UNSERVED		256
 
 typedef struct OutboxUnserved
 {
@@ -160,6 +161,9 @@ typedef struct OutboxUnserved
 	char		name[NAMEDATALEN];
 	bool		no_bgworker;	/* max_worker_processes, not outbox.max_workers */
 	TimestampTz since;			/* first pass that could not start it */
+	/* a listed database that cannot be connected to, with no slot to show it */
+	bool		waiting_for_database;
+	char		obstacle[128];	/* why it cannot be connected to */
 } OutboxUnserved;
 
 /* databases whose relays a running DROP/RENAME DATABASE has released */

@@ -18,8 +18,10 @@
 
 #include "fmgr.h"
 #include "funcapi.h"
+#include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -40,7 +42,7 @@ static OutboxRelayState current_state = OUTBOX_STATE_STARTING;
 static void set_shared_state(OutboxRelayState state);
 static const char *state_name(OutboxRelayState state);
 static bool relay_row(int n, StatusRow *row);
-static int	unserved_rows(StatusRow *rows);
+static int	unserved_rows(StatusRow **rows);
 static void put_row(ReturnSetInfo *rsinfo, const StatusRow *row);
 static void put_relay_rows(ReturnSetInfo *rsinfo, bool all);
 
@@ -250,15 +252,16 @@ relay_row(int n, StatusRow *row)
 }
 
 /*
- * Fill rows (room for OUTBOX_MAX_UNSERVED) with the covered databases the
+ * Set *rows to a palloc'd array of rows for the covered databases the
  * launcher could not start a relay for: state waiting_for_slot, no pid,
  * last_error saying which budget is used up, last_error_at since when.
  * Returns how many.
  */
 static int
-unserved_rows(StatusRow *rows)
+unserved_rows(StatusRow **result)
 {
-	OutboxUnserved list[OUTBOX_MAX_UNSERVED];
+	OutboxUnserved *list = palloc(sizeof(OutboxUnserved) * OUTBOX_MAX_UNSERVED);
+	StatusRow  *rows;
 	int			n;
 	int			i;
 
@@ -267,14 +270,19 @@ unserved_rows(StatusRow *rows)
 	memcpy(list, outbox_shared->unserved, sizeof(OutboxUnserved) * n);
 	SpinLockRelease(&outbox_shared->mutex);
 
+	*result = rows = palloc(sizeof(StatusRow) * Max(n, 1));
+
 	for (i = 0; i < n; i++)
 	{
 		memset(&rows[i], 0, sizeof(StatusRow));
 		rows[i].kind = "relay";
-		rows[i].state = "waiting_for_slot";
+		rows[i].state = list[i].waiting_for_database ?
+			"waiting_for_database" : "waiting_for_slot";
 		rows[i].slot.database_oid = list[i].dboid;
 		strlcpy(rows[i].slot.database_name, list[i].name, NAMEDATALEN);
-		if (list[i].no_bgworker)
+		if (list[i].waiting_for_database)
+			strlcpy(rows[i].slot.last_error, list[i].obstacle, OUTBOX_ERROR_LEN);
+		else if (list[i].no_bgworker)
 			strlcpy(rows[i].slot.last_error,
 					"no free background worker slot: max_worker_processes is used up",
 					OUTBOX_ERROR_LEN);
@@ -283,7 +291,54 @@ unserved_rows(StatusRow *rows)
 					 "outbox.max_workers (%d) relays run already", outbox_max_workers);
 		rows[i].slot.last_error_at = list[i].since;
 	}
+	pfree(list);
 	return n;
+}
+
+/*
+ * outbox_status_unserved
+ *		Launcher only: publish the count covered databases of list that
+ *		have no relay (outbox.cluster_status() and their outbox.status show
+ *		them), and log those left out for want of a slot, once per change
+ *		of that set, and once when all are served again.  Databases waiting
+ *		to be connected to are logged by the launcher itself.
+ */
+void
+outbox_status_unserved(const OutboxUnserved *list, int count)
+{
+	static char *logged = NULL; /* the names last logged */
+	StringInfoData names;
+	int			nnames = 0;
+	bool		no_bgworker = false;
+	int			i;
+
+	outbox_set_unserved(list, count);
+
+	initStringInfo(&names);
+	for (i = 0; i < count; i++)
+	{
+		if (list[i].waiting_for_database)
+			continue;
+		appendStringInfo(&names, "%s\"%s\"", nnames++ > 0 ? ", " : "", list[i].name);
+		no_bgworker |= list[i].no_bgworker;
+	}
+	if (logged != NULL && strcmp(logged, names.data) == 0)
+		return;
+	if (nnames > 0)
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("outbox: %d database(s) have no relay: %s", nnames, names.data),
+				 no_bgworker ?
+				 errdetail("No background worker slot was free (max_worker_processes = %d).",
+						   max_worker_processes) :
+				 errdetail("outbox.max_workers (%d) relays run already.", outbox_max_workers),
+				 errhint("Raise outbox.max_workers or max_worker_processes (both need a restart), or cover fewer databases with outbox.databases. Their events wait in outbox.events.")));
+	else if (logged != NULL && logged[0] != '\0')
+		ereport(LOG,
+				(errmsg("outbox: every covered database has a relay again")));
+	if (logged != NULL)
+		pfree(logged);
+	logged = MemoryContextStrdup(TopMemoryContext, names.data);
 }
 
 /*
@@ -359,17 +414,18 @@ static void
 put_relay_rows(ReturnSetInfo *rsinfo, bool all)
 {
 	StatusRow	row;
-	StatusRow	unserved[OUTBOX_MAX_UNSERVED];
+	StatusRow  *unserved;
 	int			n;
 	int			i;
 
 	for (i = 0; i < outbox_shared->nslots; i++)
 		if (relay_row(i, &row) && (all || row.slot.database_oid == MyDatabaseId))
 			put_row(rsinfo, &row);
-	n = unserved_rows(unserved);
+	n = unserved_rows(&unserved);
 	for (i = 0; i < n; i++)
 		if (all || unserved[i].slot.database_oid == MyDatabaseId)
 			put_row(rsinfo, &unserved[i]);
+	pfree(unserved);
 }
 
 /*

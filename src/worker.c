@@ -153,6 +153,17 @@ outbox_worker_main(Datum main_arg)
 					PGC_S_OVERRIDE);
 	outbox_disable_transaction_timeout();
 
+	/*
+	 * Every batch records what Kafka acknowledged in the same transaction
+	 * that read it.  A database or role made read-only for its clients
+	 * (ALTER DATABASE/ROLE ... SET default_transaction_read_only) would have
+	 * the relay send each batch, fail to record it, and send it again at
+	 * every retry, and keep the setting for its session's life even after
+	 * a RESET.  Like the timeouts, it is not meant for the relay.
+	 */
+	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
+					PGC_S_OVERRIDE);
+
 	outbox_shared_register_worker(DatumGetInt32(main_arg));
 	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
 

@@ -31,6 +31,7 @@ from helpers_lifecycle import (connect_db, db_env, extra_cluster, relay_exit_lin
                                set_system)
 
 DBS = ["lx_a", "lx_b", "lx_c"]
+MISSING_DB = "lx_missing"        # listed, never created
 LOAD_DBS = ["lx_a", "lx_b", "lx_c", "lx_d", "lx_e"]
 SESSIONS = [2, 2, 2, 1, 1]      # eight emitting sessions across LOAD_DBS
 NEW_DB = "lx_f"                 # CREATE EXTENSION while the load runs
@@ -274,7 +275,9 @@ def test_rename_close_template_and_copy_of_relayed_databases(env):
     by its relay, which comes back under the new name; ALLOW_CONNECTIONS false and IS_TEMPLATE
     true stop its relay, and their reverse start it again; CREATE DATABASE ... TEMPLATE a relayed
     database succeeds at once, and the copy gets a relay of its own.  After each step an event
-    emitted there arrives."""
+    emitted there arrives.  default_transaction_read_only set for a relayed database does not
+    bind its relay; a database without the extension gets a waiting relay once listed, also if
+    '*' probed it before."""
     a, b, b2, copy = "lr_a", "lr_b", "lr_b2", "lr_copy"
     agg = new_aggregate_type("lr")
     figures = {}
@@ -313,13 +316,43 @@ def test_rename_close_template_and_copy_of_relayed_databases(env):
         figures["copy_s"] = time.monotonic() - t0
         assert figures["copy_s"] < DROP_LIMIT_S, figures
         figures["copy_served_s"] = served([a, b2, copy], "after CREATE DATABASE ... TEMPLATE")
+
+        # default_transaction_read_only set for a database is for its clients, not its relay:
+        # once made read-only, the relay recorded nothing and sent the same batch at every retry
+        query(c, f"ALTER DATABASE {a} SET default_transaction_read_only = on")
+        old = relays_by_db(c)[a][0]
+        query(c, "SELECT pg_terminate_backend(%s)", (old,))
+        wait_until(lambda: relays_by_db(c).get(a, [old])[0] != old, 30, "a new relay for the read-only database")
+        wait_until(lambda: ready_in(other, a), 30, "the new relay ready")
+        rc = connect_db(other, a)
+        query(rc, "SET default_transaction_read_only = off")
+        with rc.cursor() as cur:
+            ro_id = emit(cur, agg, "ro", "lr.event", {"read_only": True})
+        rc.close()
+        assert not reader.wait_for([ro_id], DELIVERY_TIMEOUT_S, extra=3), "the event of the read-only database"
+        copies = sum(1 for r in reader.snapshot() if r[4] == ro_id)
+        state = query_one(connect_db(other, a), "SELECT state, last_error FROM outbox.status")
+        assert copies == 1 and state[0] in ("idle", "publishing"), (copies, state)
+        query(c, f"ALTER DATABASE {a} RESET default_transaction_read_only")
+
+        # '*' probed a database without the extension; listed, it gets a relay that waits for it
+        query(c, "CREATE DATABASE lr_noext")
+        time.sleep(2)           # the probe has found no extension (else this step tests less)
+        set_system(c, "outbox.databases", f"{a}, {b2}, {copy}, lr_noext")
+        wait_until(lambda: "lr_noext" in relays_by_db(c), 15, "a relay waiting in the listed database")
+        nc = connect_db(other, "lr_noext")
+        query(nc, "CREATE EXTENSION outbox")
+        nc.close()
+        served([a, b2, copy, "lr_noext"], "after CREATE EXTENSION in the listed database")
         reader.close()
         report(f"OUTBOX LAUNCHER lifecycle ('*'): RENAME of a relayed database {figures['rename_s']:.2f}s,"
                f" relay back under the new name and an event delivered {figures['renamed_served_s']:.2f}s"
                f" later; ALLOW_CONNECTIONS false/IS_TEMPLATE true stopped the relay, their reverse"
                f" started it again (served {figures['reopened_served_s']:.2f}s after reopening);"
                f" CREATE DATABASE ... TEMPLATE a relayed database {figures['copy_s']:.2f}s, the copy"
-               f" served {figures['copy_served_s']:.2f}s later")
+               f" served {figures['copy_served_s']:.2f}s later; read-only database: its event arrived"
+               f" {copies} time(s), relay {state[0]}; a listed database the '*' probe had found"
+               f" without the extension got a waiting relay")
         c.close()
 
 
@@ -369,7 +402,8 @@ def test_max_workers_leaves_databases_unserved(env):
         query(c, "CREATE ROLE lx_mon LOGIN IN ROLE pg_monitor")
         # outbox.max_workers needs a restart; the list leaves postgres (no extension) out
         query(c, "ALTER SYSTEM SET outbox.max_workers = 2")
-        query(c, "ALTER SYSTEM SET outbox.databases = %s", (",".join(DBS),))
+        # a listed database that does not exist comes first: it must not keep a relay's slot
+        query(c, "ALTER SYSTEM SET outbox.databases = %s", (",".join([MISSING_DB] + DBS),))
         c.close()
         watcher = LogWatcher(other)
         pg_sh(other, "restart")
@@ -379,12 +413,18 @@ def test_max_workers_leaves_databases_unserved(env):
             wait_until(lambda: ready_in(other, d), 30, f"the relay of {d}")
         mon = {d: pg_connect(dataclasses.replace(db_env(other, d), pg_user="lx_mon")) for d in DBS}
 
-        # cluster_status() from any database with the extension, as pg_monitor
-        cs = query(mon[DBS[0]], "SELECT kind, database, pid, state, last_error"
-                                " FROM outbox.cluster_status()")
+        # cluster_status() from any database with the extension, as pg_monitor; the missing
+        # database's row moves from a slot to the list of databases without one within a pass
+        cs = wait_until(lambda: (lambda r: r if any(x[1] == MISSING_DB and x[2] is None for x in r)
+                                 else None)(query(mon[DBS[0]], "SELECT kind, database, pid, state,"
+                                                  " last_error FROM outbox.cluster_status()")),
+                        15, "the missing database listed without a slot")
         assert cs[0][0] == "launcher" and cs[0][1] is None and cs[0][2] and cs[0][3] == "running", cs
         relays = {r[1]: r for r in cs[1:]}
-        assert sorted(relays) == DBS and all(r[0] == "relay" for r in cs[1:]), cs
+        assert sorted(relays) == sorted(DBS + [MISSING_DB]) and all(r[0] == "relay" for r in cs[1:]), cs
+        missing = relays[MISSING_DB]
+        assert missing[2] is None and missing[3] == "waiting_for_database", missing
+        assert f'"{MISSING_DB}" does not exist' in missing[4], missing
         assert all(relays[d][2] and relays[d][3] in ("idle", "publishing") for d in DBS[:2]), cs
         unserved = relays[DBS[2]]
         assert unserved[2] is None and unserved[3] == "waiting_for_slot", unserved
@@ -406,6 +446,8 @@ def test_max_workers_leaves_databases_unserved(env):
         assert metrics[DBS[0]]["state"] in ("idle", "publishing") and metrics[DBS[0]]["up"] == 1, metrics
         assert metrics[DBS[1]]["state"] == "paused" and metrics[DBS[1]]["up"] == 1, metrics
         assert metrics[DBS[2]]["state"] == "waiting_for_slot" and metrics[DBS[2]]["up"] == 0, metrics
+        assert metrics[MISSING_DB]["state"] == "waiting_for_database" and metrics[MISSING_DB]["up"] == 0, \
+            metrics
         backlog = run_exporter_query(mon[DBS[2]], "outbox_backlog", spec["outbox_backlog"])
         assert [(b["database"], b["pending"]) for b in backlog] == [(DBS[2], 3)], backlog
         assert backlog[0]["oldest_pending_age_seconds"] > 0, backlog
@@ -419,7 +461,7 @@ def test_max_workers_leaves_databases_unserved(env):
 
         lines = watcher.new_lines()
         warned = [ln for ln in lines if "database(s) have no relay" in ln]
-        assert len(warned) == 1 and f'"{DBS[2]}"' in warned[0], warned
+        assert len(warned) == 1 and f'1 database(s) have no relay: "{DBS[2]}"' in warned[0], warned
         assert relay_dbs(c) == DBS[:2], relays_by_db(c)
         report(f"OUTBOX LAUNCHER slots: outbox.max_workers = 2, 3 databases: 2 relays, one WARNING"
                f" naming {DBS[2]}; cluster_status() as pg_monitor: launcher running, {DBS[2]}"
