@@ -252,10 +252,11 @@ relay_row(int n, StatusRow *row)
 }
 
 /*
- * Set *rows to a palloc'd array of rows for the covered databases the
- * launcher could not start a relay for: state waiting_for_slot, no pid,
- * last_error saying which budget is used up, last_error_at since when.
- * Returns how many.
+ * Set *result to a palloc'd array of rows for the covered databases the
+ * launcher could not start a relay for, with no pid: state waiting_for_slot
+ * (last_error saying which budget is used up) or waiting_for_database
+ * (last_error saying why it cannot be connected to), last_error_at since
+ * when.  Returns how many.
  */
 static int
 unserved_rows(StatusRow **result)
