@@ -31,7 +31,11 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 
 export OUTBOX_PG_DIR="${OUTBOX_PG_DIR:-/tmp/outbox-test-pg}"
-export OUTBOX_PG_PORT="${OUTBOX_PG_PORT:-54331}"
+# 25431 (and the throw-away clusters' 25438..25471) lies below Linux's ephemeral port range
+# (32768-60999): a port inside it can be taken by any client connection's source port in the
+# middle of a run, and a cluster started later then fails with "Address already in use" (CI saw
+# it on 2026-12-02 with 54352).
+export OUTBOX_PG_PORT="${OUTBOX_PG_PORT:-25431}"
 export OUTBOX_PG_DATABASE="${OUTBOX_PG_DATABASE:-outbox}"
 export OUTBOX_KAFKA_DIR="${OUTBOX_KAFKA_DIR:-/tmp/outbox-test-kafka}"
 export OUTBOX_KAFKA_PORT="${OUTBOX_KAFKA_PORT:-19192}"
