@@ -23,6 +23,7 @@ OBJS = \
 	src/secrets.o \
 	src/emit.o \
 	src/capture.o \
+	src/trace_context.o \
 	src/ops.o \
 	src/launcher.o \
 	src/dblist.o \
@@ -53,7 +54,7 @@ PG_CPPFLAGS += -I$(srcdir)/src
 PG_CFLAGS += -Wextra -Wno-unused-parameter
 
 # pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/
-REGRESS = emit capture ops
+REGRESS = emit capture ops trace
 REGRESS_OPTS = --inputdir=test --outputdir=test/out
 
 PG_CONFIG ?= pg_config

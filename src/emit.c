@@ -16,6 +16,7 @@
  */
 #include "outbox.h"
 #include "topic.h"
+#include "trace_context.h"
 
 #include "access/xact.h"
 #include "access/xlog.h"
@@ -59,6 +60,7 @@ static void warn_if_not_relayed(void);
 static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
 							   const char *name);
 static void validate_headers(Jsonb *headers);
+static void validate_trace_header(const char *key, JsonbValue *v);
 static void check_length(text *value, const char *name, int max,
 						 const char *context);
 static const char *jsonb_type_name(JsonbValue *v);
@@ -285,7 +287,9 @@ snapshot_tracking_ready(void)
 /*
  * outbox_insert_event
  *		Insert one validated event into outbox.events in the current
- *		transaction and make its commit wake the relay.
+ *		transaction and make its commit wake the relay.  Events without a
+ *		traceparent header get the session's or statement's trace context
+ *		(outbox_add_trace_context).
  *
  * The caller has checked the arguments (outbox_validate_topic() for the
  * topic); the lengths of aggregate_type and aggregate_id are checked here,
@@ -300,6 +304,7 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 {
 	Datum		values[7];
 	char		nulls[7];
+	Jsonb	   *headers;
 	bool		isnull;
 	Datum		event_id;
 	pg_uuid_t  *result;
@@ -309,17 +314,18 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 	check_length(event->aggregate_id, "aggregate_id", OUTBOX_AGGREGATE_ID_MAX_BYTES, context);
 	if (!relay_checked)
 		warn_if_not_relayed();
+	headers = outbox_add_trace_context(event->headers);
 
 	values[0] = PointerGetDatum(event->aggregate_type);
 	values[1] = PointerGetDatum(event->aggregate_id);
 	values[2] = PointerGetDatum(event->event_type);
 	values[3] = PointerGetDatum(event->payload);
-	values[4] = PointerGetDatum(event->headers);
+	values[4] = PointerGetDatum(headers);
 	values[5] = PointerGetDatum(event->topic);
 	values[6] = (Datum) 0;
 	nulls[0] = nulls[1] = nulls[2] = ' ';
 	nulls[3] = event->payload == NULL ? 'n' : ' ';
-	nulls[4] = event->headers == NULL ? 'n' : ' ';
+	nulls[4] = headers == NULL ? 'n' : ' ';
 	nulls[5] = event->topic == NULL ? 'n' : ' ';
 	nulls[6] = 'n';
 
@@ -434,11 +440,13 @@ validate_headers(Jsonb *headers)
 						 errmsg("headers must not contain an empty key")));
 			if (strcmp(key, OUTBOX_HEADER_ID) == 0 ||
 				strcmp(key, OUTBOX_HEADER_EVENT_TYPE) == 0 ||
-				strcmp(key, OUTBOX_HEADER_AGGREGATE_TYPE) == 0)
+				strcmp(key, OUTBOX_HEADER_AGGREGATE_TYPE) == 0 ||
+				strcmp(key, OUTBOX_HEADER_CE_ID) == 0 ||
+				strcmp(key, OUTBOX_HEADER_CE_SPECVERSION) == 0)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("headers must not contain the reserved key \"%s\"", key),
-						 errdetail("The relay sets the headers \"id\", \"event_type\" and \"aggregate_type\" itself.")));
+						 errdetail("The relay sets the headers \"id\", \"event_type\", \"aggregate_type\", \"ce_id\" and \"ce_specversion\" itself.")));
 		}
 		else if (tok == WJB_VALUE && v.type != jbvString)
 			ereport(ERROR,
@@ -446,7 +454,36 @@ validate_headers(Jsonb *headers)
 					 errmsg("headers value for key \"%s\" must be a JSON string", key),
 					 errdetail("Got %s.", jsonb_type_name(&v)),
 					 errhint("Kafka header values are strings; quote the value.")));
+		else if (tok == WJB_VALUE)
+			validate_trace_header(key, &v);
 	}
+}
+
+/*
+ * A traceparent or tracestate given in headers must be well-formed: a
+ * consumer would otherwise drop the trace (or worse, parse garbage), and
+ * the caller is there to be told.  (From a setting or comment a bad one is
+ * ignored instead: see trace_context.c.)
+ */
+static void
+validate_trace_header(const char *key, JsonbValue *v)
+{
+	char	   *value;
+
+	if (strcmp(key, "traceparent") != 0 && strcmp(key, "tracestate") != 0)
+		return;
+	value = pnstrdup(v->val.string.val, v->val.string.len);
+	if (strcmp(key, "traceparent") == 0 && !outbox_traceparent_is_valid(value))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers value for key \"traceparent\" is not a W3C traceparent: \"%s\"", value),
+				 errhint("A traceparent is 00-<32 hex digits trace id>-<16 hex digits parent id>-<2 hex digits flags>, in lower case.")));
+	if (strcmp(key, "tracestate") == 0 && !outbox_tracestate_is_valid(value))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers value for key \"tracestate\" is not a W3C tracestate: \"%s\"", value),
+				 errhint("A tracestate is up to 32 comma-separated key=value members, at most 512 bytes.")));
+	pfree(value);
 }
 
 static const char *

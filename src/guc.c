@@ -67,6 +67,10 @@ int			outbox_on_failed_event = OUTBOX_ON_FAILED_HOLD;
 int			outbox_relay_mode = OUTBOX_RELAY_SNAPSHOT;
 char	   *outbox_allowed_topics = NULL;
 char	   *outbox_role = NULL;
+int			outbox_message_format = OUTBOX_FORMAT_DEBEZIUM;
+char	   *outbox_ce_source = NULL;
+char	   *outbox_traceparent = NULL;
+char	   *outbox_tracestate = NULL;
 
 /* parsed outbox.allowed_topics (see outbox_topic_list_pack), the GUC's extra */
 const char *outbox_allowed_topic_list = NULL;
@@ -83,7 +87,14 @@ static const struct config_enum_entry relay_mode_options[] = {
 	{NULL, 0, false}
 };
 
+static const struct config_enum_entry message_format_options[] = {
+	{"debezium", OUTBOX_FORMAT_DEBEZIUM, false},
+	{"cloudevents", OUTBOX_FORMAT_CLOUDEVENTS, false},
+	{NULL, 0, false}
+};
+
 static bool check_topic_prefix(char **newval, void **extra, GucSource source);
+static bool check_ce_source(char **newval, void **extra, GucSource source);
 static bool check_bootstrap_servers(char **newval, void **extra,
 									GucSource source);
 static bool check_kafka_properties(char **newval, void **extra,
@@ -267,7 +278,65 @@ outbox_define_gucs(void)
 							   0,
 							   NULL, NULL, NULL);
 
+	DefineCustomEnumVariable("outbox.message_format",
+							 "The shape of the messages the relay produces.",
+							 "debezium: key, JSON value and the headers id, event_type, aggregate_type; cloudevents: the CloudEvents 1.0 Kafka binding in binary content mode (ce_* headers).",
+							 &outbox_message_format,
+							 OUTBOX_FORMAT_DEBEZIUM,
+							 message_format_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	/* PGC_SUSET so that ALTER DATABASE ... SET can give each database its own */
+	DefineCustomStringVariable("outbox.ce_source",
+							   "The CloudEvents source (a URI reference) of the events of this database.",
+							   "Empty means /postgresql/<system identifier>/<database name>.",
+							   &outbox_ce_source,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   check_ce_source, NULL, NULL);
+
+	/* any user: an application's middleware sets them with SET LOCAL */
+	DefineCustomStringVariable("outbox.traceparent",
+							   "W3C traceparent that emit() and capture() add to events without one.",
+							   "A malformed value is ignored. Overrides the traceparent of the statement's sqlcommenter comment.",
+							   &outbox_traceparent,
+							   "",
+							   PGC_USERSET,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.tracestate",
+							   "W3C tracestate added with outbox.traceparent.",
+							   "Ignored when malformed or when outbox.traceparent is not set.",
+							   &outbox_tracestate,
+							   "",
+							   PGC_USERSET,
+							   0,
+							   NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("outbox");
+}
+
+/*
+ * A CloudEvents source is a URI reference; as a Kafka header value it must
+ * be plain: printable ASCII without spaces (the rest of the URI syntax is
+ * the user's to get right).
+ */
+static bool
+check_ce_source(char **newval, void **extra, GucSource source)
+{
+	const char *p;
+
+	for (p = *newval; *p != '\0'; p++)
+		if (*p <= 0x20 || *p > 0x7e)
+		{
+			GUC_check_errdetail("A URI reference has no spaces or characters outside printable ASCII; percent-encode them.");
+			return false;
+		}
+	return true;
 }
 
 /*

@@ -50,6 +50,9 @@
 #define OUTBOX_HEADER_ID				"id"
 #define OUTBOX_HEADER_EVENT_TYPE		"event_type"
 #define OUTBOX_HEADER_AGGREGATE_TYPE	"aggregate_type"
+/* ... and in the CloudEvents format; ce_id must stay the event id */
+#define OUTBOX_HEADER_CE_ID				"ce_id"
+#define OUTBOX_HEADER_CE_SPECVERSION	"ce_specversion"
 
 /* Size of the error text kept in shared memory, including the terminator */
 #define OUTBOX_ERROR_LEN		256
@@ -76,6 +79,10 @@ extern int	outbox_relay_mode;			/* OUTBOX_RELAY_* */
 extern char *outbox_allowed_topics;	/* topics emit() accepts; '' = all */
 extern char *outbox_role;				/* role the relay runs as; '' = superuser */
 extern const char *outbox_allowed_topic_list;	/* outbox.allowed_topics, parsed */
+extern int	outbox_message_format;		/* OUTBOX_FORMAT_* */
+extern char *outbox_ce_source;			/* CloudEvents source; '' = derived */
+extern char *outbox_traceparent;		/* W3C traceparent; '' = none */
+extern char *outbox_tracestate;			/* W3C tracestate; '' = none */
 
 /* outbox.on_failed_event: later events of a failed event's aggregate ... */
 #define OUTBOX_ON_FAILED_HOLD	0	/* ... wait behind it */
@@ -84,6 +91,10 @@ extern const char *outbox_allowed_topic_list;	/* outbox.allowed_topics, parsed *
 /* outbox.relay_mode: how emit() marks new events for the relay */
 #define OUTBOX_RELAY_ROW		0	/* per-row state (published_at) */
 #define OUTBOX_RELAY_SNAPSHOT	1	/* writing transaction (xid), see snapshot.c */
+
+/* outbox.message_format: the shape of a message */
+#define OUTBOX_FORMAT_DEBEZIUM		0	/* JSON value, id/event_type headers */
+#define OUTBOX_FORMAT_CLOUDEVENTS	1	/* CloudEvents binary mode, ce_* */
 
 extern void outbox_define_gucs(void);
 extern const char *outbox_kafka_properties_refusal(void);

@@ -10,7 +10,8 @@
  * its CPU here and in jsonb's output): the row is deformed once, the value
  * is written into one reused buffer, the routed topic of the last
  * aggregate type is remembered, and the id header is formatted from the
- * uuid's bytes.
+ * uuid's bytes.  outbox.message_format picks the headers: Debezium's
+ * outbox shape or CloudEvents' Kafka binding.
  *
  *-------------------------------------------------------------------------
  */
@@ -19,6 +20,7 @@
 #include "topic.h"
 
 #include "access/htup_details.h"
+#include "access/xlog.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
@@ -42,8 +44,25 @@ static char *routed_aggregate_type = NULL;
 static char *routed_topic = NULL;
 static bool routed_legal = false;
 
+/* the header arrays of a message being built */
+typedef struct HeaderList
+{
+	const char **names;
+	const char **values;
+	size_t	   *lens;
+	int			n;
+} HeaderList;
+
 static void build_headers(const OutboxRow *row, const char *aggregate_type,
 						  OutboxHeaderSpace *space, OutboxMessage *msg);
+static void put_cloudevents_headers(HeaderList *list, const OutboxRow *row,
+									const char *subject, Jsonb *headers,
+									const char *event_id,
+									const char *event_type, bool has_data,
+									OutboxHeaderSpace *space);
+static bool has_user_header(Jsonb *headers, const char *name);
+static const char *cloudevents_source(void);
+static void format_rfc3339(TimestampTz ts, char *buf);
 static char *uuid_column(const OutboxRow *row, int col, char *buf);
 static int64 timestamptz_to_unix_ms(TimestampTz ts);
 
@@ -146,50 +165,56 @@ outbox_row_build_message(const OutboxRow *row, const char *topic,
 	build_headers(row, aggregate_type, space, msg);
 }
 
+static inline void
+put_header(HeaderList *list, const char *name, const char *value, size_t len)
+{
+	list->names[list->n] = name;
+	list->values[list->n] = value;
+	list->lens[list->n++] = len;
+}
+
 /*
- * Set msg's headers: our headers first, then the user's, in their jsonb
+ * Set msg's headers: ours first (debezium: id, event_type, aggregate_type;
+ * cloudevents: put_cloudevents_headers), then the user's, in their jsonb
  * (sorted) order.  User headers whose value is not a string are left out.
  */
 static void
 build_headers(const OutboxRow *row, const char *aggregate_type,
 			  OutboxHeaderSpace *space, OutboxMessage *msg)
 {
-	const char **hnames = space->names;
-	const char **hvalues = space->values;
-	size_t	   *hlens = space->lens;
-	int			nheaders = 0;
-	bool		isnull = ROW_ISNULL(row, COL_HEADERS);
+	HeaderList	list = {space->names, space->values, space->lens, 0};
+	Jsonb	   *headers = NULL;
 	char	   *event_type;
 	char	   *event_id;
-	Datum		d = ROW_VALUE(row, COL_HEADERS);
 
 	event_type = outbox_row_text(row, COL_EVENT_TYPE);
 	event_id = uuid_column(row, COL_EVENT_ID, space->event_id);
 
-	if (!isnull)
+	if (!ROW_ISNULL(row, COL_HEADERS))
 	{
-		Jsonb	   *headers = DatumGetJsonbP(d);
-		int			count = JB_ROOT_IS_OBJECT(headers) ? JB_ROOT_COUNT(headers) : 0;
+		int			count;
 
-		if (count > 64)
+		headers = DatumGetJsonbP(ROW_VALUE(row, COL_HEADERS));
+		count = JB_ROOT_IS_OBJECT(headers) ? JB_ROOT_COUNT(headers) : 0;
+		if (count > OUTBOX_USER_HEADERS_IN_PLACE)
 		{
-			hnames = palloc(sizeof(char *) * (count + 3));
-			hvalues = palloc(sizeof(char *) * (count + 3));
-			hlens = palloc(sizeof(size_t) * (count + 3));
+			list.names = palloc(sizeof(char *) * (count + OUTBOX_OWN_HEADERS_MAX));
+			list.values = palloc(sizeof(char *) * (count + OUTBOX_OWN_HEADERS_MAX));
+			list.lens = palloc(sizeof(size_t) * (count + OUTBOX_OWN_HEADERS_MAX));
 		}
 	}
-	hnames[nheaders] = OUTBOX_HEADER_ID;
-	hvalues[nheaders] = event_id;
-	hlens[nheaders++] = strlen(event_id);
-	hnames[nheaders] = OUTBOX_HEADER_EVENT_TYPE;
-	hvalues[nheaders] = event_type;
-	hlens[nheaders++] = strlen(event_type);
-	hnames[nheaders] = OUTBOX_HEADER_AGGREGATE_TYPE;
-	hvalues[nheaders] = aggregate_type;
-	hlens[nheaders++] = strlen(aggregate_type);
-	if (!isnull)
+	if (outbox_message_format == OUTBOX_FORMAT_CLOUDEVENTS)
+		put_cloudevents_headers(&list, row, msg->key, headers, event_id, event_type,
+								msg->value != NULL, space);
+	else
 	{
-		Jsonb	   *headers = DatumGetJsonbP(d);
+		put_header(&list, OUTBOX_HEADER_ID, event_id, strlen(event_id));
+		put_header(&list, OUTBOX_HEADER_EVENT_TYPE, event_type, strlen(event_type));
+		put_header(&list, OUTBOX_HEADER_AGGREGATE_TYPE, aggregate_type,
+				   strlen(aggregate_type));
+	}
+	if (headers != NULL)
+	{
 		JsonbIterator *it = JsonbIteratorInit(&headers->root);
 		JsonbValue	v;
 		JsonbIteratorToken tok;
@@ -200,17 +225,112 @@ build_headers(const OutboxRow *row, const char *aggregate_type,
 			if (tok == WJB_KEY)
 				key = pnstrdup(v.val.string.val, v.val.string.len);
 			else if (tok == WJB_VALUE && v.type == jbvString && key != NULL)
-			{
-				hnames[nheaders] = key;
-				hvalues[nheaders] = v.val.string.val;
-				hlens[nheaders++] = v.val.string.len;
-			}
+				put_header(&list, key, v.val.string.val, v.val.string.len);
 		}
 	}
-	msg->nheaders = nheaders;
-	msg->header_names = hnames;
-	msg->header_values = hvalues;
-	msg->header_lens = hlens;
+	msg->nheaders = list.n;
+	msg->header_names = list.names;
+	msg->header_values = list.values;
+	msg->header_lens = list.lens;
+}
+
+/*
+ * The CloudEvents 1.0 Kafka protocol binding, binary content mode: the
+ * event's attributes as ce_* headers (subject: the aggregate id), the
+ * value as the event's data.  A
+ * header the event's own headers also have is left to them (an emit()
+ * can set its ce_source, ce_type, ce_subject, ce_time, content-type or any
+ * extension), except ce_id and ce_specversion, which emit() refuses.  A
+ * tombstone (no data) gets no content-type.
+ */
+static void
+put_cloudevents_headers(HeaderList *list, const OutboxRow *row,
+						const char *subject, Jsonb *headers,
+						const char *event_id, const char *event_type,
+						bool has_data, OutboxHeaderSpace *space)
+{
+	const char *source = cloudevents_source();
+
+	put_header(list, OUTBOX_HEADER_CE_SPECVERSION, "1.0", 3);
+	put_header(list, OUTBOX_HEADER_CE_ID, event_id, strlen(event_id));
+	if (!has_user_header(headers, "ce_source"))
+		put_header(list, "ce_source", source, strlen(source));
+	if (!has_user_header(headers, "ce_type"))
+		put_header(list, "ce_type", event_type, strlen(event_type));
+	if (!has_user_header(headers, "ce_subject"))
+		put_header(list, "ce_subject", subject, strlen(subject));
+	if (!has_user_header(headers, "ce_time"))
+	{
+		format_rfc3339(DatumGetTimestampTz(ROW_VALUE(row, COL_CREATED_AT)),
+					   space->ce_time);
+		put_header(list, "ce_time", space->ce_time, strlen(space->ce_time));
+	}
+	if (has_data && !has_user_header(headers, "content-type"))
+		put_header(list, "content-type", "application/json", 16);
+}
+
+/* does the event's headers object (or NULL) have the key name? */
+static bool
+has_user_header(Jsonb *headers, const char *name)
+{
+	JsonbValue	v;
+
+	return headers != NULL &&
+		getKeyJsonValueFromContainer(&headers->root, name, strlen(name), &v) != NULL;
+}
+
+/*
+ * outbox.ce_source, or when it is empty
+ * /postgresql/<system identifier>/<database name, percent-encoded>: a URI
+ * reference that names this database of this cluster.  The default is
+ * made once per relay.
+ */
+static const char *
+cloudevents_source(void)
+{
+	static char *derived = NULL;
+
+	if (outbox_ce_source != NULL && outbox_ce_source[0] != '\0')
+		return outbox_ce_source;
+	if (derived == NULL)
+	{
+		StringInfoData buf;
+		const char *p;
+
+		initStringInfo(&buf);
+		appendStringInfo(&buf, "/postgresql/" UINT64_FORMAT "/", GetSystemIdentifier());
+		for (p = outbox_relay_database ? outbox_relay_database : ""; *p != '\0'; p++)
+		{
+			if (isalnum((unsigned char) *p) || strchr("-._~", *p) != NULL)
+				appendStringInfoChar(&buf, *p);
+			else
+				appendStringInfo(&buf, "%%%02X", (unsigned char) *p);
+		}
+		derived = MemoryContextStrdup(TopMemoryContext, buf.data);
+		pfree(buf.data);
+	}
+	return derived;
+}
+
+/*
+ * ts as RFC 3339 in UTC with microseconds, e.g. 2026-12-03T04:05:06.123456Z,
+ * into buf (OUTBOX_CE_TIME_LEN bytes).
+ */
+static void
+format_rfc3339(TimestampTz ts, char *buf)
+{
+	struct pg_tm tm;
+	fsec_t		fsec;
+
+	if (timestamp2tm(ts, NULL, &tm, &fsec, NULL, NULL) != 0)
+	{
+		/* +-infinity: not possible for created_at, but never crash */
+		strlcpy(buf, "1970-01-01T00:00:00Z", OUTBOX_CE_TIME_LEN);
+		return;
+	}
+	snprintf(buf, OUTBOX_CE_TIME_LEN, "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
+			 tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min,
+			 tm.tm_sec, (int) fsec);
 }
 
 /*

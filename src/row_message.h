@@ -14,13 +14,21 @@
 #include "access/tupdesc.h"
 #include "utils/uuid.h"
 
-/* headers of one message: ours, then up to 64 of the user's in place */
+/*
+ * headers of one message: ours (at most OUTBOX_OWN_HEADERS_MAX), then up to
+ * OUTBOX_USER_HEADERS_IN_PLACE of the user's in place
+ */
+#define OUTBOX_OWN_HEADERS_MAX			8
+#define OUTBOX_USER_HEADERS_IN_PLACE	64
+#define OUTBOX_CE_TIME_LEN				40
+
 typedef struct OutboxHeaderSpace
 {
-	const char *names[64 + 3];
-	const char *values[64 + 3];
-	size_t		lens[64 + 3];
+	const char *names[OUTBOX_USER_HEADERS_IN_PLACE + OUTBOX_OWN_HEADERS_MAX];
+	const char *values[OUTBOX_USER_HEADERS_IN_PLACE + OUTBOX_OWN_HEADERS_MAX];
+	size_t		lens[OUTBOX_USER_HEADERS_IN_PLACE + OUTBOX_OWN_HEADERS_MAX];
 	char		event_id[UUID_LEN * 2 + 5]; /* the id header's value */
+	char		ce_time[OUTBOX_CE_TIME_LEN];	/* cloudevents: ce_time */
 } OutboxHeaderSpace;
 
 /*

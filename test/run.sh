@@ -56,11 +56,11 @@ fi
 # The core subset for the majors that do not run everything: delivery and rollbacks, settings at
 # start and on reload, restart, kill -9 under load, standby promotion, dump/restore and every
 # upgrade path, secrets and SASL, the snapshot relay (relay_mode = snapshot), the relay's VACUUM,
-# the launcher (relays for several databases).
+# the launcher (relays for several databases), the consumers' formats read by Java clients.
 CORE_TESTS=(
     test_01_basic.py test_03_restart.py test_06_config.py test_10_crash.py
     test_16_standby.py test_17_dump_upgrade.py test_21_security.py test_22_sasl.py
-    test_23_snapshot.py test_24_vacuum.py test_25_launcher.py
+    test_23_snapshot.py test_24_vacuum.py test_25_launcher.py test_26_formats.py
 )
 
 PY=/usr/bin/python3     # Debian's interpreter: it has psycopg2 and confluent_kafka

@@ -21,7 +21,7 @@ def test_tombstone_and_event_fields(env, conn, prefix, reader_factory):
     with conn.cursor() as cur:
         payload = {"name": "Grüße ✓", "n": 1, "nested": {"a": [1, 2, None], "b": True}}
         e1 = emit(cur, agg_type, "cust-1", "customer.created", payload,
-                  {"traceparent": "00-abc-def-01", "tenant": "t1"})
+                  {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "t1"})
         e2 = emit(cur, agg_type, "cust-1", "customer.deleted", None)
     conn.commit()
     conn.autocommit = True
@@ -34,7 +34,7 @@ def test_tombstone_and_event_fields(env, conn, prefix, reader_factory):
     assert msgs[1].value is None, f"tombstone value is {msgs[1].value!r}"
     problems = message_problems(msgs[0], event_id=e1, aggregate_type=agg_type, aggregate_id="cust-1",
                                 event_type="customer.created", payload=payload,
-                                headers={"traceparent": "00-abc-def-01", "tenant": "t1"},
+                                headers={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "t1"},
                                 topic=topic, created_ms=rows[e1]["created_ms"])
     problems += message_problems(msgs[1], event_id=e2, aggregate_type=agg_type, aggregate_id="cust-1",
                                  event_type="customer.deleted", payload=None, headers=None,

@@ -63,7 +63,7 @@ class Session(threading.Thread):
         amount = f"{rng.randint(1, 99999) / 100:.2f}"
         payload = {"aggregate_id": agg_id, "seq": seq, "amount": amount,
                    "lines": [{"sku": f"sku-{seq % 7}", "qty": seq % 5 + 1}], "note": "ü€"}
-        headers = {"traceparent": f"00-{k:08x}-{seq:08x}-01"} if seq % 4 == 0 else None
+        headers = {"traceparent": f"00-{k + 1:032x}-{seq + 1:016x}-01"} if seq % 4 == 0 else None
         event_type = "order.created" if ncommitted == 0 else "order.updated"
         rollback = rng.random() < ROLLBACK_RATE
         with conn.cursor() as cur:

@@ -39,7 +39,7 @@ SELECT outbox.emit('order', '44', 'order.shipped', '{"carrier": "ups"}',
                    topic => 'shipping.events') IS NOT NULL AS ok;
 -- headers: a JSON object of string values (an empty string value is a string)
 SELECT outbox.emit('order', '45', 'order.paid', '{"amount": 5}',
-                   '{"traceparent": "00-abc-def-01", "tenant": "acme", "ID": "upper case is not reserved", "empty": ""}') IS NOT NULL AS ok;
+                   '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "acme", "ID": "upper case is not reserved", "empty": ""}') IS NOT NULL AS ok;
 -- empty headers object
 SELECT outbox.emit('order', '46', 'order.noted', '[1, 2]', '{}') IS NOT NULL AS ok;
 -- NULL payload: a tombstone

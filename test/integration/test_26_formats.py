@@ -1,0 +1,255 @@
+"""
+The consumers' formats, checked with Java clients nobody here wrote (test/java/ClientCheck.java,
+run with the jars of test/java/pom.xml):
+
+(a) kafka-clients' KafkaConsumer reads 10,000 events over 1,000 aggregates on a 7-partition topic:
+    every record sits on the partition Java's producer computes for its key
+    (Utils.toPositive(Utils.murmur2(key)) % 7), carries the documented headers (id, event_type,
+    aggregate_type, then the event's own), has created_at as its CreateTime timestamp and the
+    payload as its value, in commit order per aggregate.
+(b) outbox.message_format = 'cloudevents': the CloudEvents SDK's CloudEventDeserializer parses
+    every event as a CloudEvent with the right id, type, source, subject, time and data, takes the
+    per-event overrides (ce_source, ce_type, an extension), and outbox.ce_source on reload.
+(c) Trace context: sqlcommenter comments and SET LOCAL outbox.traceparent give the expected
+    traceparent/tracestate headers at the consumer; a malformed comment changes nothing.
+"""
+import base64
+import datetime
+import json
+import subprocess
+import time
+import uuid
+
+from conftest import (REPO, TopicReader, create_topics, new_aggregate_type, pg_connect, query,
+                      query_one, report, wait_until)
+from helpers_lifecycle import set_system
+
+CLIENTS_SH = REPO / "test" / "java" / "clients.sh"
+PARTITIONS = 7
+TP1 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TP2 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def java_read(env, topic: str, count: int, mode: str, timeout: int = 120):
+    """The records of topic as ClientCheck prints them (one dict per record)."""
+    p = subprocess.run(["bash", str(CLIENTS_SH), "run", env.bootstrap, topic, str(count), mode,
+                        str(timeout)], capture_output=True, text=True, timeout=timeout + 120)
+    assert p.returncode == 0, f"ClientCheck failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+def b64(s):
+    return None if s is None else base64.b64decode(s)
+
+
+def wait_published(conn, agg_type: str, n: int, timeout: float = 120):
+    def done():
+        return query_one(conn, "SELECT count(*) FROM outbox.events e WHERE aggregate_type = %s"
+                               " AND outbox.published(e)", (agg_type,))[0] >= n
+    wait_until(done, timeout, f"{n} events of {agg_type} published")
+
+
+def rows_by_id(conn, agg_type: str):
+    return {str(r[0]): r for r in query(conn, """
+        SELECT event_id, aggregate_id, event_type, payload, headers, created_at,
+               floor(extract(epoch FROM created_at) * 1000)::bigint
+          FROM outbox.events WHERE aggregate_type = %s ORDER BY id""", (agg_type,))}
+
+
+def set_format(env, conn, probe_topic: str, *, fmt: str, ce_source=None, expect_source=None):
+    """Set outbox.message_format (and outbox.ce_source) and wait until the relay produces with
+    them: a probe event per try, until one arrives in that shape (a reload reaches the relay
+    between its batches, some time after pg_reload_conf() returned)."""
+    set_system(conn, "outbox.message_format", None if fmt == "debezium" else fmt)
+    set_system(conn, "outbox.ce_source", ce_source)
+    probe_type = new_aggregate_type("fmtprobe")
+    reader = TopicReader(env, [probe_topic])
+    try:
+        reader.wait_assigned(partitions=PARTITIONS)
+        deadline = time.monotonic() + 60
+        while True:
+            query(conn, "SELECT outbox.emit(%s, 'probe', 'probe', '{}', NULL, %s)", (probe_type, probe_topic))
+            end = time.monotonic() + 1
+            while time.monotonic() < end:
+                reader.poll(0.2)
+            for m in reader.snapshot():
+                h = m.header_dict
+                if fmt == "cloudevents" and h.get("ce_specversion") == "1.0" and \
+                        (expect_source is None or h.get("ce_source") == expect_source):
+                    return
+                if fmt == "debezium" and "id" in h and "ce_id" not in h:
+                    return
+            assert time.monotonic() < deadline, f"the relay did not switch to {fmt} within 60 s"
+    finally:
+        reader.close()
+
+
+def test_java_consumer_partitions_headers_timestamps(env, conn):
+    agg_type = new_aggregate_type("java")
+    topic = f"it.java.{uuid.uuid4().hex[:10]}"
+    create_topics(env, [topic], partitions=PARTITIONS)
+    # keys with non-ASCII characters too: murmur2 is over the key's UTF-8 bytes
+    for part in range(10):
+        query(conn, """
+            SELECT outbox.emit(%s, CASE WHEN g %% 10 = 0 THEN 'Kunde-ü€-' ELSE 'acct-' END || (g %% 1000),
+                               'account.changed', jsonb_build_object('seq', g / 1000, 'note', 'ü€'),
+                               CASE WHEN g %% 3 = 0 THEN jsonb_build_object('tenant', 't' || g %% 7) END,
+                               %s)
+              FROM generate_series(%s, %s) g""", (agg_type, topic, part * 1000, part * 1000 + 999))
+    wait_published(conn, agg_type, 10000)
+    rows = rows_by_id(conn, agg_type)
+
+    t0 = time.monotonic()
+    recs = java_read(env, topic, 10000, "records")
+    took = time.monotonic() - t0
+    problems = []
+    seqs = {}
+    for r in recs:
+        headers = [(k, b64(v).decode()) for k, v in r["headers"]]
+        h = dict(headers)
+        row = rows.get(h.get("id"))
+        if row is None:
+            problems.append(f"offset {r['partition']}/{r['offset']}: unknown id header {h.get('id')}")
+            continue
+        _, agg_id, event_type, payload, user_headers, _, created_ms = row
+        key = b64(r["key"]).decode()
+        if r["partition"] != r["java_partition"]:
+            problems.append(f"{key}: partition {r['partition']}, Java's partitioner says {r['java_partition']}")
+        want = [("id", h["id"]), ("event_type", event_type), ("aggregate_type", agg_type)]
+        want += sorted((user_headers or {}).items())
+        if headers != want:
+            problems.append(f"{key}: headers {headers}, expected {want}")
+        if key != agg_id:
+            problems.append(f"{h['id']}: key {key!r}, aggregate id {agg_id!r}")
+        if r["timestamp_type"] != "CreateTime" or r["timestamp"] != created_ms:
+            problems.append(f"{key}: timestamp {r['timestamp_type']} {r['timestamp']}, created_at {created_ms}")
+        if json.loads(b64(r["value"])) != payload:
+            problems.append(f"{key}: value {b64(r['value'])!r}, payload {payload}")
+        last = seqs.get(key, -1)
+        if payload["seq"] <= last:
+            problems.append(f"{key}: seq {payload['seq']} after {last}")
+        seqs[key] = payload["seq"]
+    ids = {dict((k, b64(v).decode()) for k, v in r["headers"]).get("id") for r in recs}
+    assert len(recs) == 10000 and ids == set(rows), \
+        f"{len(recs)} records, {len(ids & set(rows))} of {len(rows)} events"
+    assert not problems, f"{len(problems)} problems:\n  " + "\n  ".join(problems[:20])
+    partitions = sorted({r["partition"] for r in recs})
+    report(f"OUTBOX JAVA CLIENT (kafka-clients 4.4.0): 10000 events over 1000 aggregates, "
+           f"7 partitions {partitions}: 0 partition mismatches with Utils.murmur2, headers, "
+           f"CreateTime timestamps and values as written, per-aggregate order kept; read in {took:.1f}s")
+
+
+def test_cloudevents_sdk_parses_every_event(env, conn):
+    agg_type = new_aggregate_type("ce")
+    topic = f"it.ce.{uuid.uuid4().hex[:10]}"
+    probe_topic = f"it.ceprobe.{uuid.uuid4().hex[:10]}"
+    create_topics(env, [topic, probe_topic], partitions=PARTITIONS)
+    sysid, db = query_one(conn, "SELECT system_identifier, current_database() FROM pg_control_system()")
+    source = f"/postgresql/{sysid}/{db}"
+    try:
+        set_format(env, conn, probe_topic, fmt="cloudevents")
+        query(conn, """
+            SELECT outbox.emit(%s, 'order-' || (g %% 50), 'order.updated',
+                               jsonb_build_object('seq', g, 'text', 'ü€ "quoted"'), NULL, %s)
+              FROM generate_series(1, 300) g""", (agg_type, topic))
+        with conn.cursor() as cur:
+            cur.execute("SELECT outbox.emit(%s, 'special', 'order.moved', '{\"to\": 1}', %s, %s)",
+                        (agg_type, json.dumps({"ce_source": "urn:shop:legacy", "ce_type": "com.example.moved",
+                                               "ce_tenant": "acme", "tenant": "acme"}), topic))
+            cur.execute("SELECT outbox.emit(%s, 'gone', 'order.deleted', NULL, NULL, %s)", (agg_type, topic))
+        wait_published(conn, agg_type, 302)
+        # outbox.ce_source on reload
+        set_format(env, conn, probe_topic, fmt="cloudevents", ce_source="https://shop.example/orders",
+                   expect_source="https://shop.example/orders")
+        query(conn, "SELECT outbox.emit(%s, 'order-1', 'order.updated', '{\"seq\": 301}', NULL, %s)",
+              (agg_type, topic))
+        wait_published(conn, agg_type, 303)
+        rows = rows_by_id(conn, agg_type)
+        recs = java_read(env, topic, 303, "cloudevents")
+    finally:
+        set_format(env, conn, probe_topic, fmt="debezium")
+
+    problems = [f"offset {r['offset']}: {r['error']}" for r in recs if "error" in r]
+    parsed = [r for r in recs if "error" not in r]
+    for r in parsed:
+        row = rows.get(r["id"])
+        if row is None:
+            problems.append(f"unknown ce id {r['id']}")
+            continue
+        _, agg_id, event_type, payload, headers, created_at, _ = row
+        headers = headers or {}
+        want_source = headers.get("ce_source") or \
+            ("https://shop.example/orders" if payload == {"seq": 301} else source)
+        want = {"specversion": "1.0", "type": headers.get("ce_type", event_type),
+                "source": want_source, "subject": agg_id,
+                "datacontenttype": None if payload is None else "application/json",
+                "extensions": "tenant" if "ce_tenant" in headers else ""}
+        got = {k: r[k] for k in want}
+        if got != want:
+            problems.append(f"{r['id']}: {got}, expected {want}")
+        t = datetime.datetime.fromisoformat(r["time"].replace("Z", "+00:00"))
+        if t != created_at:
+            problems.append(f"{r['id']}: time {r['time']}, created_at {created_at.isoformat()}")
+        data = b64(r["data"])
+        if (None if data is None else json.loads(data)) != payload:
+            problems.append(f"{r['id']}: data {data!r}, payload {payload}")
+        if b64(r["key"]).decode() != agg_id:
+            problems.append(f"{r['id']}: key {b64(r['key'])!r}")
+    assert {r["id"] for r in parsed} == set(rows) and len(recs) == 303, \
+        f"{len(recs)} records, {len(parsed)} parsed, {len(rows)} events"
+    assert not problems, f"{len(problems)} problems:\n  " + "\n  ".join(problems[:20])
+    report(f"OUTBOX CLOUDEVENTS (cloudevents-kafka 4.0.1 CloudEventDeserializer): 303 of 303 events "
+           f"parsed as CloudEvents 1.0 with id, type, source ({source} by default, a per-event "
+           f"ce_source and outbox.ce_source after a reload), subject, time (µs), data; 1 tombstone "
+           f"without data; 1 extension (ce_tenant)")
+
+
+def test_trace_context_reaches_the_consumer(env, conn):
+    agg_type = new_aggregate_type("trace")
+    topic = f"it.trace.{uuid.uuid4().hex[:10]}"
+    create_topics(env, [topic], partitions=PARTITIONS)
+    table = f"traced_{uuid.uuid4().hex[:8]}"
+    expected = {}
+    sql = "SELECT outbox.emit(%s, %s, 'x', '{}', NULL, %s)"
+    c2 = pg_connect(env, autocommit=False)
+    try:
+        with conn.cursor() as cur:
+            # an instrumented application: sqlcommenter comments, the tracestate URL-encoded
+            cur.execute(sql + f" /*controller='orders',traceparent='{TP1}',tracestate='congo%%3Dt61rcWkgMzE'*/",
+                        (agg_type, "comment", topic))
+            expected["comment"] = {"traceparent": TP1, "tracestate": "congo=t61rcWkgMzE"}
+            cur.execute(sql + " /*traceparent='00-not-a-trace-01'*/", (agg_type, "bad comment", topic))
+            expected["bad comment"] = {}
+            cur.execute(sql, (agg_type, "no comment", topic))
+            expected["no comment"] = {}
+            # capture() of a commented INSERT
+            cur.execute(f"CREATE TABLE {table} (id text PRIMARY KEY)")
+            cur.execute(f"CREATE TRIGGER t AFTER INSERT ON {table} FOR EACH ROW "
+                        f"EXECUTE FUNCTION outbox.capture(%s, 'id', %s)", (agg_type, topic))
+        query(conn, f"INSERT INTO {table} VALUES ('captured-1'), ('captured-2') /*traceparent='{TP2}'*/")
+        expected["captured-1"] = expected["captured-2"] = {"traceparent": TP2}
+        # a middleware's SET LOCAL, which wins over the comment
+        with c2.cursor() as cur:
+            cur.execute("SET LOCAL outbox.traceparent = %s", (TP2,))
+            cur.execute("SET LOCAL outbox.tracestate = 'vendor=v1'")
+            cur.execute(sql + f" /*traceparent='{TP1}'*/", (agg_type, "set local", topic))
+        c2.commit()
+        expected["set local"] = {"traceparent": TP2, "tracestate": "vendor=v1"}
+        with c2.cursor() as cur:
+            cur.execute(sql, (agg_type, "after commit", topic))
+        c2.commit()
+        expected["after commit"] = {}
+    finally:
+        c2.close()
+        query(conn, f"DROP TABLE IF EXISTS {table}")
+
+    wait_published(conn, agg_type, len(expected))
+    recs = java_read(env, topic, len(expected), "records")
+    got = {}
+    for r in recs:
+        h = {k: b64(v).decode() for k, v in r["headers"]}
+        got[b64(r["key"]).decode()] = {k: v for k, v in h.items() if k in ("traceparent", "tracestate")}
+    assert got == expected
+    report(f"OUTBOX TRACE CONTEXT: {len(expected)} events read by kafka-clients: sqlcommenter comment "
+           f"(with URL-encoded tracestate), capture() of a commented INSERT, SET LOCAL over a comment; "
+           f"a malformed comment and no context give no trace headers")
