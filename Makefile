@@ -9,7 +9,7 @@
 
 EXTENSION = outbox
 # the current version: outbox.control's default_version must say the same (checked below)
-EXTVERSION = 1.5
+EXTVERSION = 1.6
 MODULE_big = outbox
 # in data-path order: start-up, settings, the write side, the relay
 # process (the loop and its connection; one batch: claim, row to message,
@@ -54,7 +54,7 @@ PG_CPPFLAGS += -I$(srcdir)/src
 PG_CFLAGS += -Wextra -Wno-unused-parameter
 
 # pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/
-REGRESS = emit capture ops trace
+REGRESS = emit capture ops trace bytes
 REGRESS_OPTS = --inputdir=test --outputdir=test/out
 
 PG_CONFIG ?= pg_config

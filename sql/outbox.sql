@@ -63,7 +63,8 @@ CREATE TABLE outbox.events (
     next_attempt_at timestamptz,
     permanent_failures integer NOT NULL DEFAULT 0,
     failed_at       timestamptz,
-    xid             pg_catalog.xid8
+    xid             pg_catalog.xid8,
+    payload_bytes   bytea
 ) WITH (
     autovacuum_vacuum_scale_factor = 0.0,
     autovacuum_vacuum_threshold = 10000,
@@ -111,7 +112,7 @@ COMMENT ON COLUMN outbox.events.event_type IS
 COMMENT ON COLUMN outbox.events.topic IS
 'Kafka topic for this event; NULL means routed: outbox.topic_prefix || aggregate_type, resolved when the event is published.';
 COMMENT ON COLUMN outbox.events.payload IS
-'Kafka message value, sent as JSON text. NULL sends a tombstone (a message with a NULL value) for compacted topics.';
+'Kafka message value, sent as JSON text. NULL (and payload_bytes NULL) sends a tombstone (a message with a NULL value) for compacted topics.';
 COMMENT ON COLUMN outbox.events.headers IS
 'Extra Kafka headers: a JSON object whose values are all strings, sent after id, event_type and aggregate_type. NULL for none.';
 COMMENT ON COLUMN outbox.events.created_at IS
@@ -130,6 +131,8 @@ COMMENT ON COLUMN outbox.events.failed_at IS
 'When the event was marked failed (a dead letter): it is not retried until outbox.retry_failed(). With outbox.on_failed_event = hold, later events of its aggregate wait behind it. NULL = not failed.';
 COMMENT ON COLUMN outbox.events.xid IS
 'Writing (top-level) transaction of an event tracked by snapshot (outbox.relay_mode = snapshot): the relay publishes it in the batch whose commit snapshot first shows that transaction, and never writes the row; published_at stays NULL, outbox.published(e) tells. NULL for an event tracked row by row (published_at, attempts, failed_at), as every event was before 1.4; replayed, failed and restored events are tracked row by row.';
+COMMENT ON COLUMN outbox.events.payload_bytes IS
+'Kafka message value of an event written by outbox.emit_bytes(), sent byte for byte (payload is then NULL); NULL for the events of emit() and capture().';
 COMMENT ON SEQUENCE outbox.events_id_seq IS
 'Identity sequence of outbox.events.id; pg_dump keeps its position.';
 
@@ -234,7 +237,27 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) IS
-'Writes one event into outbox.events in the current transaction and returns its event_id (uuid). The relay publishes it to Kafka only if the transaction commits. aggregate_type, aggregate_id and event_type must be non-empty; headers must be a JSON object of string values (keys id, event_type, aggregate_type are reserved); topic, or outbox.topic_prefix || aggregate_type when topic is NULL, must be a legal Kafka topic name (1-249 of [a-zA-Z0-9._-], not "." or "..") and allowed by outbox.allowed_topics. Runs as the extension owner: callers need EXECUTE only (not granted to PUBLIC). Errors: 22004 for a NULL argument, 22023 for any other invalid argument, 42501 for a topic outbox.allowed_topics does not allow.';
+'Writes one event into outbox.events in the current transaction and returns its event_id (uuid). The relay publishes it to Kafka only if the transaction commits. aggregate_type, aggregate_id and event_type must be non-empty; headers must be a JSON object of string values (keys id, event_type, aggregate_type, ce_id, ce_specversion are reserved; a traceparent or tracestate must be well-formed W3C trace context; without a traceparent, the one of SET outbox.traceparent or of the statement''s sqlcommenter comment is added); topic, or outbox.topic_prefix || aggregate_type when topic is NULL, must be a legal Kafka topic name (1-249 of [a-zA-Z0-9._-], not "." or "..") and allowed by outbox.allowed_topics. Runs as the extension owner: callers need EXECUTE only (not granted to PUBLIC). Errors: 22004 for a NULL argument, 22023 for any other invalid argument, 42501 for a topic outbox.allowed_topics does not allow.';
+
+/*
+ * outbox.emit_bytes: emit() with a value sent byte for byte, for payloads
+ * the application serialized itself (Avro, Protobuf, the Confluent wire
+ * format).  A name of its own: a bytea overload of emit() would make
+ * today's calls with untyped literals ambiguous.
+ */
+CREATE FUNCTION outbox.emit_bytes(aggregate_type text,
+                                  aggregate_id text,
+                                  event_type text,
+                                  payload bytea,
+                                  headers jsonb DEFAULT NULL,
+                                  topic text DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_emit_bytes'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.emit_bytes(text, text, text, bytea, jsonb, text) IS
+'As outbox.emit(), with a payload of bytes the relay sends unchanged as the Kafka message value (e.g. Avro or Protobuf in the Confluent wire format: magic byte, schema id, data). NULL sends a tombstone. Same arguments, checks, errors (22004, 22023, 42501), ordering, dead letters, replay and status as emit(); in outbox.message_format = cloudevents the content-type header is application/octet-stream unless headers give one. Returns the event_id (uuid). Callers need EXECUTE (not granted to PUBLIC).';
 
 /*
  * Requeue failed events (dead letters).  C, so that the requeue wakes the
@@ -421,6 +444,7 @@ COMMENT ON FUNCTION outbox.purge(interval) IS
  */
 
 REVOKE ALL ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.emit_bytes(text, text, text, bytea, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.capture() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.pause() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.resume() FROM PUBLIC;

@@ -51,7 +51,7 @@
  */
 #define CLAIM_SELECT \
 "SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
-"       e.topic, e.payload, e.headers, e.created_at, e.attempts, e.ctid" \
+"       e.topic, e.payload, e.headers, e.created_at, e.attempts, %s, e.ctid" \
 "  FROM outbox.events AS e" \
 " WHERE e.published_at IS NULL" \
 "   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= pg_catalog.now())"
@@ -113,7 +113,7 @@ static bool rows_claimed_nothing = false;
 
 /* saved plans, prepared on first use in this worker */
 static SPIPlanPtr claim_plans[NUM_CLAIM_VARIANTS];
-static SPIPlanPtr claim_plans_legacy[NUM_CLAIM_VARIANTS];
+static SPIPlanPtr claim_plans_legacy[2][NUM_CLAIM_VARIANTS];	/* [bytes] */
 static SPIPlanPtr paused_plan = NULL;
 
 static void begin_batch(OutboxProducer *producer, Batch *batch);
@@ -121,12 +121,12 @@ static bool relay_is_paused(Oid events_relid);
 static void check_can_delete(Oid events_relid);
 static ClaimVariant claim_variant(Oid relid);
 static bool relay_rows_first(void);
-static Portal open_claim(ClaimVariant variant, bool snapshot_schema);
+static Portal open_claim(ClaimVariant variant, bool snapshot_schema, bool bytes);
 static void relay_claimed_rows(OutboxProducer *producer, Batch *batch,
 							   Portal portal, bool dead_letters,
 							   OutboxBatchResult *result);
 static void relay_snapshot_batch(OutboxProducer *producer, Batch *batch,
-								 OutboxBatchResult *result);
+								 bool bytes, OutboxBatchResult *result);
 static void produce_snapshot_chunks(OutboxProducer *producer, Batch *batch,
 									OutboxSnapshotBatch *sb);
 static int	snapshot_verdicts(OutboxProducer *producer, Batch *batch,
@@ -157,6 +157,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	Oid			relid;
 	ClaimVariant variant;
 	bool		snapshot_schema;
+	bool		bytes;
 	Portal		portal;
 
 	memset(result, 0, sizeof(*result));
@@ -180,15 +181,16 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	check_can_delete(relid);
 	variant = claim_variant(relid);
 	snapshot_schema = outbox_snapshot_schema(relid);
+	bytes = outbox_bytes_schema(relid);
 	if (snapshot_schema && !relay_rows_first())
 	{
 		if (outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT ||
 			outbox_snapshot_events_exist())
-			relay_snapshot_batch(producer, &batch, result);
+			relay_snapshot_batch(producer, &batch, bytes, result);
 		outbox_relay_xact_end(callercxt, true);
 		return;
 	}
-	portal = open_claim(variant, snapshot_schema);
+	portal = open_claim(variant, snapshot_schema, bytes);
 
 	/*
 	 * From here to the commit, SIGTERM (a fast or smart shutdown, a restart)
@@ -297,20 +299,23 @@ relay_rows_first(void)
  * 1.4 on the one for row-tracked events below the snapshot progress.
  */
 static Portal
-open_claim(ClaimVariant variant, bool snapshot_schema)
+open_claim(ClaimVariant variant, bool snapshot_schema, bool bytes)
 {
 	Oid			claim_types[2] = {INT4OID, INT8OID};
 	Datum		claim_values[2];
+	SPIPlanPtr *cache = snapshot_schema ?
+		&claim_plans_legacy[bytes][variant] : &claim_plans[variant];
 
+	if (*cache == NULL)
+		(void) outbox_prepare_plan(cache,
+								   psprintf(snapshot_schema ?
+											claim_sql_legacy[variant] :
+											claim_sql[variant],
+											BYTES_COLUMN(bytes)),
+								   snapshot_schema ? 2 : 1, claim_types);
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
 	claim_values[1] = Int64GetDatum(snapshot_schema ? outbox_snapshot_claim_ceiling() : 0);
-	return SPI_cursor_open(NULL,
-						   snapshot_schema ?
-						   outbox_prepare_plan(&claim_plans_legacy[variant],
-											   claim_sql_legacy[variant], 2, claim_types) :
-						   outbox_prepare_plan(&claim_plans[variant], claim_sql[variant],
-											   1, claim_types),
-						   claim_values, NULL, false);
+	return SPI_cursor_open(NULL, *cache, claim_values, NULL, false);
 }
 
 /*
@@ -346,7 +351,7 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
  * backoff (dead letters and hold/skip are not done yet).
  */
 static void
-relay_snapshot_batch(OutboxProducer *producer, Batch *batch,
+relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 					 OutboxBatchResult *result)
 {
 	OutboxSnapshotBatch sb;
@@ -356,6 +361,7 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch,
 
 	outbox_snapshot_adopt();
 	outbox_snapshot_begin(&sb);
+	sb.bytes = bytes;
 	batch->held = outbox_snapshot_held();
 	HOLD_INTERRUPTS();
 	produce_snapshot_chunks(producer, batch, &sb);

@@ -276,6 +276,7 @@ build_event(OutboxEvent *event, TriggerData *trigdata, Oid root, const char *op,
 	event->aggregate_id = aggregate_id;
 	event->event_type = cstring_to_text(psprintf("%s.%s", get_rel_name(root), op));
 	event->headers = NULL;
+	event->payload_bytes = NULL;
 
 	initStringInfo(&payload);
 	appendStringInfoString(&payload, "{\"op\": ");

@@ -20,6 +20,8 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
+#include "miscadmin.h"
 #include "utils/guc.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
@@ -159,4 +161,28 @@ outbox_scan_databases(int *count)
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return dbs;
+}
+
+/*
+ * outbox_relay_coverage
+ *		Does a relay publish this database's outbox?  OUTBOX_NOT_PRELOADED: no
+ *		relay runs at all (the library is not in shared_preload_libraries);
+ *		OUTBOX_OTHER_DATABASE: this database is not covered by
+ *		outbox.databases (or outbox.database when that is empty); its name
+ *		is then returned in *dbname (palloc'd).
+ */
+OutboxRelayCoverage
+outbox_relay_coverage(char **dbname)
+{
+	char	   *name;
+
+	if (outbox_shared == NULL)
+		return OUTBOX_NOT_PRELOADED;
+	name = get_database_name(MyDatabaseId);
+	if (name != NULL && !outbox_database_relayed(name))
+	{
+		*dbname = name;
+		return OUTBOX_OTHER_DATABASE;
+	}
+	return OUTBOX_RELAYED;
 }

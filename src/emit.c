@@ -35,15 +35,19 @@
 #include "utils/uuid.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);
+PG_FUNCTION_INFO_V1(outbox_emit_bytes);
 
 /* set by emit(), consumed by the transaction callback */
 static bool wake_at_commit = false;
 static bool control_at_commit = false;
 static bool xact_callback_registered = false;
 
-/* INSERT plan, prepared once per backend */
-static SPIPlanPtr insert_plan = NULL;
-static SPIPlanPtr insert_xid_plan = NULL;	/* also sets xid (schema 1.4) */
+/*
+ * INSERT plans, prepared once per backend: [with_xid][with_bytes], the xid
+ * for events tracked by snapshot (schema 1.4), the bytes of emit_bytes()
+ * (1.6; emit() leaves the column out, so that it works with older schemas)
+ */
+static SPIPlanPtr insert_plans[2][2];
 
 /* this database's events may carry their xid: see snapshot_tracking_ready */
 static bool snapshot_ready = false;
@@ -58,7 +62,9 @@ static bool relay_checked = false;
 static void outbox_xact_callback(XactEvent event, void *arg);
 static void warn_if_not_relayed(void);
 static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
-							   const char *name);
+							   const char *name, const char *function);
+static void event_from_args(FunctionCallInfo fcinfo, const char *function,
+							OutboxEvent *event);
 static void validate_headers(Jsonb *headers);
 static void validate_trace_header(const char *key, JsonbValue *v);
 static void check_length(text *value, const char *name, int max,
@@ -135,42 +141,52 @@ outbox_emit(PG_FUNCTION_ARGS)
 {
 	OutboxEvent event;
 
-	event.aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
-	event.aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
-	event.event_type = required_text_arg(fcinfo, 2, "event_type");
+	event_from_args(fcinfo, "outbox.emit()", &event);
 	event.payload = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
-	event.headers = PG_ARGISNULL(4) ? NULL : PG_GETARG_JSONB_P(4);
-	event.topic = PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5);
-
-	if (event.headers != NULL)
-		validate_headers(event.headers);
-	outbox_validate_topic(event.topic, event.aggregate_type, NULL);
-
 	PG_RETURN_POINTER(outbox_insert_event(&event, NULL));
 }
 
 /*
- * outbox_relay_coverage
- *		Does a relay publish this database's outbox?  OUTBOX_NOT_PRELOADED: no
- *		relay runs at all (the library is not in shared_preload_libraries);
- *		OUTBOX_OTHER_DATABASE: this database is not covered by
- *		outbox.databases (or outbox.database when that is empty); its name
- *		is then returned in *dbname (palloc'd).
+ * outbox_emit_bytes
+ *		SQL: outbox.emit_bytes(aggregate_type text, aggregate_id text,
+ *							   event_type text, payload bytea,
+ *							   headers jsonb DEFAULT NULL,
+ *							   topic text DEFAULT NULL) RETURNS uuid
+ *
+ * As outbox_emit, with a value the relay sends byte for byte (e.g. Avro or
+ * Protobuf in the Confluent wire format, serialized by the application);
+ * payload NULL makes a tombstone.  Same errors as outbox_emit.  Schema 1.6.
  */
-OutboxRelayCoverage
-outbox_relay_coverage(char **dbname)
+Datum
+outbox_emit_bytes(PG_FUNCTION_ARGS)
 {
-	char	   *name;
+	OutboxEvent event;
 
-	if (outbox_shared == NULL)
-		return OUTBOX_NOT_PRELOADED;
-	name = get_database_name(MyDatabaseId);
-	if (name != NULL && !outbox_database_relayed(name))
-	{
-		*dbname = name;
-		return OUTBOX_OTHER_DATABASE;
-	}
-	return OUTBOX_RELAYED;
+	event_from_args(fcinfo, "outbox.emit_bytes()", &event);
+	event.payload_bytes = PG_ARGISNULL(3) ? NULL : PG_GETARG_BYTEA_PP(3);
+	PG_RETURN_POINTER(outbox_insert_event(&event, NULL));
+}
+
+/*
+ * The arguments emit() and emit_bytes() share (all but the payload, which
+ * is left NULL), checked: see outbox_emit for the errors, whose hints name
+ * function.
+ */
+static void
+event_from_args(FunctionCallInfo fcinfo, const char *function,
+				OutboxEvent *event)
+{
+	event->aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type", function);
+	event->aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id", function);
+	event->event_type = required_text_arg(fcinfo, 2, "event_type", function);
+	event->payload = NULL;
+	event->payload_bytes = NULL;
+	event->headers = PG_ARGISNULL(4) ? NULL : PG_GETARG_JSONB_P(4);
+	event->topic = PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5);
+
+	if (event->headers != NULL)
+		validate_headers(event->headers);
+	outbox_validate_topic(event->topic, event->aggregate_type, NULL);
 }
 
 /*
@@ -215,27 +231,31 @@ warn_if_not_relayed(void)
 
 /*
  * Prepare (once per backend) the INSERT of an event, with the xid column
- * (schema 1.4, outbox.relay_mode = snapshot) or without.  Every name is
- * schema-qualified: search_path plays no part.
+ * (schema 1.4, outbox.relay_mode = snapshot) or without, and with the
+ * payload_bytes column (1.6, emit_bytes()) or without.  Every name is
+ * schema-qualified: search_path plays no part.  The parameters are always
+ * the eight of outbox_insert_event; $7 (bytes) and $8 (xid) are left unused
+ * by the variants without them.
  */
 static SPIPlanPtr
-prepare_insert(SPIPlanPtr *cache, bool with_xid)
+prepare_insert(bool with_xid, bool with_bytes)
 {
-	Oid			argtypes[7] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID,
-	XID8OID};
+	SPIPlanPtr *cache = &insert_plans[with_xid][with_bytes];
+	Oid			argtypes[8] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID,
+	BYTEAOID, XID8OID};
 
 	if (*cache == NULL)
 	{
 		SPIPlanPtr	plan;
 
-		plan = SPI_prepare(with_xid ?
-						   "INSERT INTO outbox.events"
-						   " (aggregate_type, aggregate_id, event_type, payload, headers, topic, xid)"
-						   " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING event_id" :
-						   "INSERT INTO outbox.events"
-						   " (aggregate_type, aggregate_id, event_type, payload, headers, topic)"
-						   " VALUES ($1, $2, $3, $4, $5, $6) RETURNING event_id",
-						   with_xid ? 7 : 6, argtypes);
+		plan = SPI_prepare(psprintf("INSERT INTO outbox.events"
+									" (aggregate_type, aggregate_id, event_type, payload, headers, topic%s%s)"
+									" VALUES ($1, $2, $3, $4, $5, $6%s%s) RETURNING event_id",
+									with_bytes ? ", payload_bytes" : "",
+									with_xid ? ", xid" : "",
+									with_bytes ? ", $7" : "",
+									with_xid ? ", $8" : ""),
+						   8, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "outbox: SPI_prepare failed: %s",
 				 SPI_result_code_string(SPI_result));
@@ -302,9 +322,10 @@ snapshot_tracking_ready(void)
 pg_uuid_t *
 outbox_insert_event(const OutboxEvent *event, const char *context)
 {
-	Datum		values[7];
-	char		nulls[7];
+	Datum		values[8];
+	char		nulls[8];
 	Jsonb	   *headers;
+	bool		with_xid;
 	bool		isnull;
 	Datum		event_id;
 	pg_uuid_t  *result;
@@ -322,17 +343,20 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 	values[3] = PointerGetDatum(event->payload);
 	values[4] = PointerGetDatum(headers);
 	values[5] = PointerGetDatum(event->topic);
-	values[6] = (Datum) 0;
+	values[6] = PointerGetDatum(event->payload_bytes);
+	values[7] = (Datum) 0;
 	nulls[0] = nulls[1] = nulls[2] = ' ';
 	nulls[3] = event->payload == NULL ? 'n' : ' ';
 	nulls[4] = headers == NULL ? 'n' : ' ';
 	nulls[5] = event->topic == NULL ? 'n' : ' ';
-	nulls[6] = 'n';
+	nulls[6] = event->payload_bytes == NULL ? 'n' : ' ';
+	nulls[7] = 'n';
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "outbox: SPI_connect failed");
 
-	if (outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT && snapshot_tracking_ready())
+	with_xid = outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT && snapshot_tracking_ready();
+	if (with_xid)
 	{
 		/*
 		 * The transaction gets its xid before the event takes its id from
@@ -341,14 +365,11 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 		 * own error (25006), not the xid assignment's internal one.
 		 */
 		PreventCommandIfReadOnly("INSERT");
-		values[6] = FullTransactionIdGetDatum(GetTopFullTransactionId());
-		nulls[6] = ' ';
-		ret = SPI_execute_plan(prepare_insert(&insert_xid_plan, true),
-							   values, nulls, false, 1);
+		values[7] = FullTransactionIdGetDatum(GetTopFullTransactionId());
+		nulls[7] = ' ';
 	}
-	else
-		ret = SPI_execute_plan(prepare_insert(&insert_plan, false),
-							   values, nulls, false, 1);
+	ret = SPI_execute_plan(prepare_insert(with_xid, event->payload_bytes != NULL),
+						   values, nulls, false, 1);
 	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "outbox: INSERT into outbox.events failed: %s",
 			 SPI_result_code_string(ret));
@@ -385,7 +406,8 @@ check_length(text *value, const char *name, int max, const char *context)
  * Fetch a text argument that must be neither NULL nor empty.
  */
 static text *
-required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name,
+				  const char *function)
 {
 	text	   *t;
 
@@ -393,7 +415,7 @@ required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be null", name),
-				 errhint("outbox.emit() needs aggregate_type, aggregate_id and event_type.")));
+				 errhint("%s needs aggregate_type, aggregate_id and event_type.", function)));
 	t = PG_GETARG_TEXT_PP(argno);
 	if (VARSIZE_ANY_EXHDR(t) == 0)
 		ereport(ERROR,

@@ -32,6 +32,7 @@ enum
 	COL_HEADERS,
 	COL_CREATED_AT,
 	COL_ATTEMPTS,
+	COL_PAYLOAD_BYTES,			/* NULL::bytea before schema 1.6 */
 	COL_CTID
 };
 

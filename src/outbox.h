@@ -108,6 +108,16 @@ extern bool outbox_check_databases(char **newval, void **extra,
 extern List *outbox_relayed_databases(bool *all);
 extern bool outbox_database_relayed(const char *name);
 
+/* does a relay publish this database's outbox? (dblist.c) */
+typedef enum OutboxRelayCoverage
+{
+	OUTBOX_RELAYED,
+	OUTBOX_NOT_PRELOADED,		/* no relay runs: not in shared_preload_libraries */
+	OUTBOX_OTHER_DATABASE		/* not covered by outbox.databases (or .database) */
+} OutboxRelayCoverage;
+
+extern OutboxRelayCoverage outbox_relay_coverage(char **dbname);
+
 /*
  * shmem.c: state shared between the relay worker and every backend.
  */
@@ -251,20 +261,12 @@ typedef struct OutboxEvent
 	text	   *aggregate_type;
 	text	   *aggregate_id;
 	text	   *event_type;
-	Jsonb	   *payload;		/* NULL: tombstone */
+	Jsonb	   *payload;		/* NULL: tombstone (or bytes below) */
+	bytea	   *payload_bytes;	/* emit_bytes(): the value as is; else NULL */
 	Jsonb	   *headers;		/* NULL: none */
 	text	   *topic;			/* NULL: routed */
 } OutboxEvent;
 
-/* does a relay publish this database's outbox? (emit.c) */
-typedef enum OutboxRelayCoverage
-{
-	OUTBOX_RELAYED,
-	OUTBOX_NOT_PRELOADED,		/* no relay runs: not in shared_preload_libraries */
-	OUTBOX_OTHER_DATABASE		/* not covered by outbox.databases (or .database) */
-} OutboxRelayCoverage;
-
-extern OutboxRelayCoverage outbox_relay_coverage(char **dbname);
 extern void outbox_validate_topic(text *topic, text *aggregate_type,
 								  const char *context);
 extern pg_uuid_t *outbox_insert_event(const OutboxEvent *event,

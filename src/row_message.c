@@ -117,7 +117,8 @@ outbox_row_routed_topic(const char *aggregate_type, bool *legal)
 /*
  * outbox_row_build_message
  *		Build the Kafka message of a claimed row for topic: the aggregate id
- *		is the key, the payload's JSON text the value (NULL: a tombstone),
+ *		is the key, the payload's JSON text or emit_bytes()' bytes the value
+ *		(both NULL: a tombstone),
  *		created_at the timestamp (ms since the Unix epoch), then the headers
  *		(build_headers).  The header arrays live in *space, or in palloc'd
  *		memory when the row has more than 64 headers; the value in a buffer
@@ -133,7 +134,15 @@ outbox_row_build_message(const OutboxRow *row, const char *topic,
 	msg->key = aggregate_id;
 	msg->key_len = strlen(aggregate_id);
 
-	if (ROW_ISNULL(row, COL_PAYLOAD))
+	if (!ROW_ISNULL(row, COL_PAYLOAD_BYTES))
+	{
+		/* emit_bytes(): the bytes as they are (detoasted in the row's context) */
+		bytea	   *bytes = DatumGetByteaPP(ROW_VALUE(row, COL_PAYLOAD_BYTES));
+
+		msg->value = VARDATA_ANY(bytes);
+		msg->value_len = VARSIZE_ANY_EXHDR(bytes);
+	}
+	else if (ROW_ISNULL(row, COL_PAYLOAD))
 	{
 		msg->value = NULL;		/* tombstone */
 		msg->value_len = 0;
@@ -240,8 +249,9 @@ build_headers(const OutboxRow *row, const char *aggregate_type,
  * value as the event's data.  A
  * header the event's own headers also have is left to them (an emit()
  * can set its ce_source, ce_type, ce_subject, ce_time, content-type or any
- * extension), except ce_id and ce_specversion, which emit() refuses.  A
- * tombstone (no data) gets no content-type.
+ * extension), except ce_id and ce_specversion, which emit() refuses.  The
+ * content-type is application/json, or application/octet-stream for the
+ * bytes of emit_bytes(); a tombstone (no data) gets none.
  */
 static void
 put_cloudevents_headers(HeaderList *list, const OutboxRow *row,
@@ -266,7 +276,12 @@ put_cloudevents_headers(HeaderList *list, const OutboxRow *row,
 		put_header(list, "ce_time", space->ce_time, strlen(space->ce_time));
 	}
 	if (has_data && !has_user_header(headers, "content-type"))
-		put_header(list, "content-type", "application/json", 16);
+	{
+		const char *type = ROW_ISNULL(row, COL_PAYLOAD_BYTES) ?
+			"application/json" : "application/octet-stream";
+
+		put_header(list, "content-type", type, strlen(type));
+	}
 }
 
 /* does the event's headers object (or NULL) have the key name? */

@@ -44,9 +44,10 @@
 /* nothing is visible in it: every event is newer */
 #define EMPTY_SNAPSHOT	"1:1:"
 
+/* %s: e.payload_bytes from 1.6 on, else NULL::bytea (see BYTES_COLUMN) */
 #define EVENT_COLUMNS \
 "SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
-"       e.topic, e.payload, e.headers, e.created_at, 0 AS attempts, e.ctid" \
+"       e.topic, e.payload, e.headers, e.created_at, 0 AS attempts, %s, e.ctid" \
 "  FROM outbox.events AS e"
 
 /*
@@ -69,7 +70,7 @@
  * "xid = t.xid" looks like it matches every row) got a plan that walked the
  * primary key from $3 to $4 for each transaction: 300,000 entries a batch.
  */
-static const char *const part_a_sql =
+static const char *const part_a_sql_format =
 "SELECT e.* FROM ("
 "       SELECT x FROM pg_catalog.pg_snapshot_xip($1::pg_catalog.pg_snapshot) AS x"
 "        WHERE pg_catalog.pg_visible_in_snapshot(x, $2::pg_catalog.pg_snapshot)"
@@ -87,7 +88,7 @@ EVENT_COLUMNS
 " ORDER BY e.id LIMIT $5";
 
 /* part B: everything above prev's id floor, visible at cur but not at prev */
-static const char *const part_b_sql =
+static const char *const part_b_sql_format =
 EVENT_COLUMNS
 " WHERE e.id > $3 AND e.xid IS NOT NULL"
 "   AND NOT pg_catalog.pg_visible_in_snapshot(e.xid, $1::pg_catalog.pg_snapshot)"
@@ -97,8 +98,8 @@ EVENT_COLUMNS
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr floor_plan = NULL;
 static SPIPlanPtr current_plan = NULL;
-static SPIPlanPtr part_a_plan = NULL;
-static SPIPlanPtr part_b_plan = NULL;
+static SPIPlanPtr part_a_plans[2];	/* [bytes] */
+static SPIPlanPtr part_b_plans[2];
 static SPIPlanPtr save_chunk_plan = NULL;
 static SPIPlanPtr save_batch_plan = NULL;
 static SPIPlanPtr legacy_plan = NULL;
@@ -111,6 +112,20 @@ static SPIPlanPtr held_skip_plan = NULL;
 static SPIPlanPtr demote_plan = NULL;
 static SPIPlanPtr ceiling_plan = NULL;
 static SPIPlanPtr oldest_plan = NULL;
+
+/*
+ * The saved plan of an EVENT_COLUMNS query: format with its payload_bytes
+ * column or NULL in its place (schemas before 1.6), prepared on first use.
+ */
+static SPIPlanPtr
+event_plan(SPIPlanPtr *cache, const char *format, bool bytes, int nargs,
+		   Oid *types)
+{
+	if (*cache == NULL)
+		(void) outbox_prepare_plan(cache, psprintf(format, BYTES_COLUMN(bytes)),
+								   nargs, types);
+	return *cache;
+}
 
 /* run a plan that returns one row of one column; NULL if SQL NULL */
 static char *
@@ -131,6 +146,17 @@ outbox_snapshot_schema(Oid events_relid)
 {
 	return OidIsValid(get_relname_relid("relay_progress",
 										get_rel_namespace(events_relid)));
+}
+
+/*
+ * outbox_bytes_schema
+ *		True if outbox.events has the payload_bytes column (schema 1.6 and
+ *		later, emit_bytes()): the claims then read it (BYTES_COLUMN).
+ */
+bool
+outbox_bytes_schema(Oid events_relid)
+{
+	return get_attnum(events_relid, "payload_bytes") != InvalidAttrNumber;
 }
 
 /*
@@ -223,14 +249,18 @@ outbox_snapshot_open(OutboxSnapshotBatch *sb, int limit, bool *part_b)
 		args[2] = Int64GetDatum(sb->from);
 		args[3] = Int64GetDatum(sb->prev_floor);
 		args[4] = Int32GetDatum(limit);
-		return SPI_cursor_open(NULL, outbox_prepare_plan(&part_a_plan, part_a_sql, 5, types),
+		return SPI_cursor_open(NULL,
+							   event_plan(&part_a_plans[sb->bytes], part_a_sql_format,
+										  sb->bytes, 5, types),
 							   args, NULL, false);
 	}
 	*part_b = true;
 	types[3] = INT4OID;
 	args[2] = Int64GetDatum(Max(sb->from, sb->prev_floor));
 	args[3] = Int32GetDatum(limit);
-	return SPI_cursor_open(NULL, outbox_prepare_plan(&part_b_plan, part_b_sql, 4, types),
+	return SPI_cursor_open(NULL,
+						   event_plan(&part_b_plans[sb->bytes], part_b_sql_format,
+									  sb->bytes, 4, types),
 						   args, NULL, false);
 }
 

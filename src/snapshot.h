@@ -20,9 +20,14 @@ typedef struct OutboxSnapshotBatch
 	int64		from;			/* highest id of the batch published so far */
 	bool		part_a_done;	/* part A returned its last rows */
 	bool		exhausted;		/* part B returned its last rows */
+	bool		bytes;			/* outbox.events has payload_bytes (1.6) */
 } OutboxSnapshotBatch;
 
 extern bool outbox_snapshot_schema(Oid events_relid);
+extern bool outbox_bytes_schema(Oid events_relid);
+
+/* the claims' COL_PAYLOAD_BYTES (message.h): the column from schema 1.6 on */
+#define BYTES_COLUMN(bytes)	((bytes) ? "e.payload_bytes" : "NULL::bytea")
 extern bool outbox_rows_due(void);
 extern bool outbox_snapshot_events_exist(void);
 extern void outbox_snapshot_adopt(void);

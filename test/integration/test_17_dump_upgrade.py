@@ -294,7 +294,8 @@ def catalog_differences(updated: dict, fresh: dict, version: str = "1.1") -> lis
 # every upgrade path a user can take, ending at each version: the current one is the default
 UPGRADE_PATHS = [("1.0", "1.1"), ("1.1", "1.2"), ("1.0", "1.2"), ("1.2", "1.3"), ("1.1", "1.3"), ("1.0", "1.3"),
                  ("1.3", "1.4"), ("1.2", "1.4"), ("1.1", "1.4"), ("1.0", "1.4"),
-                 ("1.4", "1.5"), ("1.3", "1.5"), ("1.0", "1.5")]
+                 ("1.4", "1.5"), ("1.3", "1.5"), ("1.0", "1.5"),
+                 ("1.5", "1.6"), ("1.4", "1.6"), ("1.3", "1.6"), ("1.0", "1.6")]
 
 
 @pytest.mark.parametrize("old,new", UPGRADE_PATHS, ids=[f"{a}-{b}" for a, b in UPGRADE_PATHS])

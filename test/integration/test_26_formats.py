@@ -10,12 +10,15 @@ run with the jars of test/java/pom.xml):
 (b) outbox.message_format = 'cloudevents': the CloudEvents SDK's CloudEventDeserializer parses
     every event as a CloudEvent with the right id, type, source, subject, time and data, takes the
     per-event overrides (ce_source, ce_type, an extension), and outbox.ce_source on reload.
-(c) Trace context: sqlcommenter comments and SET LOCAL outbox.traceparent give the expected
+(c) emit_bytes(): values arrive byte for byte, 0x00 bytes, invalid UTF-8 and a 1 MB value
+    included; NULL is a tombstone.
+(d) Trace context: sqlcommenter comments and SET LOCAL outbox.traceparent give the expected
     traceparent/tracestate headers at the consumer; a malformed comment changes nothing.
 """
 import base64
 import datetime
 import json
+import random
 import subprocess
 import time
 import uuid
@@ -28,6 +31,9 @@ CLIENTS_SH = REPO / "test" / "java" / "clients.sh"
 PARTITIONS = 7
 TP1 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TP2 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+# the Confluent wire format: magic byte 0, schema id 7 (4 bytes, big-endian), then Avro data
+CONFLUENT_BYTES = bytes([0, 0, 0, 0, 7, 2, 10, 0, 255, 0])
+BIG_VALUE_BYTES = 1_048_000      # as test_14: the limit is 1048588 for the whole record batch
 
 
 def java_read(env, topic: str, count: int, mode: str, timeout: int = 120):
@@ -52,7 +58,7 @@ def wait_published(conn, agg_type: str, n: int, timeout: float = 120):
 def rows_by_id(conn, agg_type: str):
     return {str(r[0]): r for r in query(conn, """
         SELECT event_id, aggregate_id, event_type, payload, headers, created_at,
-               floor(extract(epoch FROM created_at) * 1000)::bigint
+               floor(extract(epoch FROM created_at) * 1000)::bigint, payload_bytes
           FROM outbox.events WHERE aggregate_type = %s ORDER BY id""", (agg_type,))}
 
 
@@ -111,7 +117,7 @@ def test_java_consumer_partitions_headers_timestamps(env, conn):
         if row is None:
             problems.append(f"offset {r['partition']}/{r['offset']}: unknown id header {h.get('id')}")
             continue
-        _, agg_id, event_type, payload, user_headers, _, created_ms = row
+        _, agg_id, event_type, payload, user_headers, _, created_ms, _ = row
         key = b64(r["key"]).decode()
         if r["partition"] != r["java_partition"]:
             problems.append(f"{key}: partition {r['partition']}, Java's partitioner says {r['java_partition']}")
@@ -157,15 +163,17 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
                         (agg_type, json.dumps({"ce_source": "urn:shop:legacy", "ce_type": "com.example.moved",
                                                "ce_tenant": "acme", "tenant": "acme"}), topic))
             cur.execute("SELECT outbox.emit(%s, 'gone', 'order.deleted', NULL, NULL, %s)", (agg_type, topic))
-        wait_published(conn, agg_type, 302)
+            cur.execute("SELECT outbox.emit_bytes(%s, 'avro', 'order.avro', %s, NULL, %s)",
+                        (agg_type, CONFLUENT_BYTES, topic))
+        wait_published(conn, agg_type, 303)
         # outbox.ce_source on reload
         set_format(env, conn, probe_topic, fmt="cloudevents", ce_source="https://shop.example/orders",
                    expect_source="https://shop.example/orders")
         query(conn, "SELECT outbox.emit(%s, 'order-1', 'order.updated', '{\"seq\": 301}', NULL, %s)",
               (agg_type, topic))
-        wait_published(conn, agg_type, 303)
+        wait_published(conn, agg_type, 304)
         rows = rows_by_id(conn, agg_type)
-        recs = java_read(env, topic, 303, "cloudevents")
+        recs = java_read(env, topic, 304, "cloudevents")
     finally:
         set_format(env, conn, probe_topic, fmt="debezium")
 
@@ -176,13 +184,14 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
         if row is None:
             problems.append(f"unknown ce id {r['id']}")
             continue
-        _, agg_id, event_type, payload, headers, created_at, _ = row
+        _, agg_id, event_type, payload, headers, created_at, _, payload_bytes = row
         headers = headers or {}
         want_source = headers.get("ce_source") or \
             ("https://shop.example/orders" if payload == {"seq": 301} else source)
         want = {"specversion": "1.0", "type": headers.get("ce_type", event_type),
                 "source": want_source, "subject": agg_id,
-                "datacontenttype": None if payload is None else "application/json",
+                "datacontenttype": "application/octet-stream" if payload_bytes is not None
+                else None if payload is None else "application/json",
                 "extensions": "tenant" if "ce_tenant" in headers else ""}
         got = {k: r[k] for k in want}
         if got != want:
@@ -191,17 +200,20 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
         if t != created_at:
             problems.append(f"{r['id']}: time {r['time']}, created_at {created_at.isoformat()}")
         data = b64(r["data"])
-        if (None if data is None else json.loads(data)) != payload:
+        if payload_bytes is not None:
+            if data != bytes(payload_bytes):
+                problems.append(f"{r['id']}: data {data!r}, bytes {bytes(payload_bytes)!r}")
+        elif (None if data is None else json.loads(data)) != payload:
             problems.append(f"{r['id']}: data {data!r}, payload {payload}")
         if b64(r["key"]).decode() != agg_id:
             problems.append(f"{r['id']}: key {b64(r['key'])!r}")
-    assert {r["id"] for r in parsed} == set(rows) and len(recs) == 303, \
+    assert {r["id"] for r in parsed} == set(rows) and len(recs) == 304, \
         f"{len(recs)} records, {len(parsed)} parsed, {len(rows)} events"
     assert not problems, f"{len(problems)} problems:\n  " + "\n  ".join(problems[:20])
-    report(f"OUTBOX CLOUDEVENTS (cloudevents-kafka 4.0.1 CloudEventDeserializer): 303 of 303 events "
+    report(f"OUTBOX CLOUDEVENTS (cloudevents-kafka 4.0.1 CloudEventDeserializer): 304 of 304 events "
            f"parsed as CloudEvents 1.0 with id, type, source ({source} by default, a per-event "
            f"ce_source and outbox.ce_source after a reload), subject, time (µs), data; 1 tombstone "
-           f"without data; 1 extension (ce_tenant)")
+           f"without data; 1 extension (ce_tenant); 1 emit_bytes() event as application/octet-stream")
 
 
 def test_trace_context_reaches_the_consumer(env, conn):
@@ -253,3 +265,28 @@ def test_trace_context_reaches_the_consumer(env, conn):
     report(f"OUTBOX TRACE CONTEXT: {len(expected)} events read by kafka-clients: sqlcommenter comment "
            f"(with URL-encoded tracestate), capture() of a commented INSERT, SET LOCAL over a comment; "
            f"a malformed comment and no context give no trace headers")
+
+
+def test_bytes_arrive_unchanged(env, conn):
+    agg_type = new_aggregate_type("bytes")
+    topic = f"it.bytes.{uuid.uuid4().hex[:10]}"
+    create_topics(env, [topic], partitions=PARTITIONS)
+    rng = random.Random(26)
+    big = bytes(rng.getrandbits(8) for _ in range(BIG_VALUE_BYTES - 256)) + bytes(range(256))
+    values = {"confluent": CONFLUENT_BYTES, "every byte": bytes(range(256)), "zeros": bytes(1000),
+              "not utf-8": b"\xff\xfe\xc3\x28", "empty": b"", "tombstone": None, "1 MB": big}
+    with conn.cursor() as cur:
+        for agg_id, value in values.items():
+            cur.execute("SELECT outbox.emit_bytes(%s, %s, 'blob.put', %s, %s, %s)",
+                        (agg_type, agg_id, value, json.dumps({"schema": "7"}), topic))
+    wait_published(conn, agg_type, len(values))
+    recs = java_read(env, topic, len(values), "records")
+    got = {b64(r["key"]).decode(): b64(r["value"]) for r in recs}
+    assert set(got) == set(values), f"got {sorted(got)}"
+    wrong = [k for k, v in values.items() if got[k] != v]
+    assert not wrong, f"values changed on the way: {wrong}"
+    headers = {b64(r["key"]).decode(): [k for k, _ in r["headers"]] for r in recs}
+    assert all(h == ["id", "event_type", "aggregate_type", "schema"] for h in headers.values()), headers
+    report(f"OUTBOX BYTES: {len(values)} emit_bytes() values read by kafka-clients byte for byte "
+           f"(Confluent wire format, 0x00..0xff, 1000 zeros, invalid UTF-8, empty, a "
+           f"{BIG_VALUE_BYTES}-byte value; NULL arrived as a tombstone)")

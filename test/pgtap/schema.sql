@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(143);
+SELECT plan(149);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -33,7 +33,7 @@ SELECT is((SELECT reloptions FROM pg_class WHERE oid = 'outbox.events'::regclass
 SELECT columns_are('outbox', 'events', ARRAY[
     'id', 'event_id', 'aggregate_type', 'aggregate_id', 'event_type', 'topic', 'payload',
     'headers', 'created_at', 'published_at', 'attempts', 'last_error', 'next_attempt_at',
-    'permanent_failures', 'failed_at', 'xid'],
+    'permanent_failures', 'failed_at', 'xid', 'payload_bytes'],
     'outbox.events has exactly the expected columns');
 
 -- column types
@@ -53,6 +53,7 @@ SELECT col_type_is('outbox', 'events', 'next_attempt_at', 'timestamp with time z
 SELECT col_type_is('outbox', 'events', 'permanent_failures', 'integer',               'events.permanent_failures is integer');
 SELECT col_type_is('outbox', 'events', 'failed_at',       'timestamp with time zone', 'events.failed_at is timestamptz');
 SELECT col_type_is('outbox', 'events', 'xid',             'xid8',                     'events.xid is xid8');
+SELECT col_type_is('outbox', 'events', 'payload_bytes',   'bytea',                    'events.payload_bytes is bytea');
 SELECT col_hasnt_default('outbox', 'events', 'xid',
                          'events.xid has no default: a plain INSERT writes a row-tracked event');
 
@@ -162,7 +163,19 @@ SELECT is(pg_get_function_arguments('outbox.cluster_status()'::regprocedure),
           'outbox.cluster_status OUT columns: kind, then those of worker_status');
 SELECT function_lang_is('outbox', 'cluster_status', ARRAY[]::text[], 'c', 'outbox.cluster_status is written in C');
 SELECT volatility_is('outbox', 'cluster_status', ARRAY[]::text[], 'volatile', 'outbox.cluster_status is VOLATILE');
-SELECT functions_are('outbox', ARRAY['emit', 'worker_status', 'cluster_status', 'retry_failed', 'capture', 'pause',
+-- function outbox.emit_bytes (1.6): emit() with a bytea payload, under its own name
+SELECT has_function('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea', 'jsonb', 'text'],
+                    'function outbox.emit_bytes(text, text, text, bytea, jsonb, text) exists');
+SELECT is(pg_get_function_arguments('outbox.emit_bytes(text, text, text, bytea, jsonb, text)'::regprocedure),
+          'aggregate_type text, aggregate_id text, event_type text, payload bytea, headers jsonb DEFAULT NULL::jsonb, topic text DEFAULT NULL::text',
+          'outbox.emit_bytes argument names, and headers and topic default to NULL');
+SELECT function_returns('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea', 'jsonb', 'text'], 'uuid',
+                        'outbox.emit_bytes returns uuid');
+SELECT is_definer('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea', 'jsonb', 'text'],
+                  'outbox.emit_bytes is SECURITY DEFINER');
+SELECT isnt_strict('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea', 'jsonb', 'text'],
+                   'outbox.emit_bytes is not STRICT (a NULL payload makes a tombstone)');
+SELECT functions_are('outbox', ARRAY['emit', 'emit_bytes', 'worker_status', 'cluster_status', 'retry_failed', 'capture', 'pause',
                                      'resume', 'replay', 'purge', 'published'],
                      'schema outbox has exactly the documented functions');
 SELECT function_returns('outbox', 'capture', ARRAY[]::text[], 'trigger', 'outbox.capture() is a trigger function');
@@ -264,7 +277,7 @@ SELECT ok(coalesce(btrim(obj_description('outbox.events'::regclass, 'pg_class'))
           'table outbox.events has a comment');
 SELECT is((SELECT count(*)::int FROM pg_attribute
             WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped),
-          16, 'outbox.events has 16 columns to check for comments');
+          17, 'outbox.events has 17 columns to check for comments');
 SELECT is_empty($$
     SELECT attname FROM pg_attribute
      WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 AND NOT attisdropped

@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(45);
+SELECT plan(46);
 
 CREATE ROLE outbox_t_nobody;           -- only PUBLIC's rights
 CREATE ROLE outbox_t_app;              -- may emit
@@ -28,6 +28,7 @@ SELECT ok(NOT has_schema_privilege('public', 'outbox', 'USAGE'), 'PUBLIC has no 
 
 SET ROLE outbox_t_nobody;
 SELECT throws_ok($$SELECT outbox.emit('o', '1', 'e', '{}')$$, '42501', NULL, 'PUBLIC cannot emit');
+SELECT throws_ok($$SELECT outbox.emit_bytes('o', '1', 'e', '\x00')$$, '42501', NULL, 'PUBLIC cannot emit bytes');
 SELECT throws_ok($$SELECT outbox.pause()$$, '42501', NULL, 'PUBLIC cannot pause');
 SELECT throws_ok($$SELECT * FROM outbox.cluster_status()$$, '42501', NULL,
                  'PUBLIC cannot read outbox.cluster_status() (other databases'' relays)');

@@ -93,3 +93,8 @@ CREATE FUNCTION place(agg text) RETURNS void LANGUAGE plpgsql
     AS $$ BEGIN PERFORM outbox.emit('trace', agg, 'x', '{}'); END $$;
 SELECT place('via function') /*traceparent='00-77777777777777777777777777777777-8888888888888888-01'*/;
 SELECT trace_headers('via function');
+
+DROP FUNCTION place(text);
+DROP FUNCTION trace_headers(text);
+DROP TABLE traced;
+DROP EXTENSION outbox;
