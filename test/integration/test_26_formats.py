@@ -24,7 +24,7 @@ import time
 import uuid
 
 from conftest import (REPO, TopicReader, create_topics, new_aggregate_type, pg_connect, query,
-                      query_one, report, wait_until)
+                      query_one, relay_status, report, wait_until)
 from helpers_lifecycle import set_system
 
 CLIENTS_SH = REPO / "test" / "java" / "clients.sh"
@@ -214,6 +214,35 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
            f"parsed as CloudEvents 1.0 with id, type, source ({source} by default, a per-event "
            f"ce_source and outbox.ce_source after a reload), subject, time (µs), data; 1 tombstone "
            f"without data; 1 extension (ce_tenant); 1 emit_bytes() event as application/octet-stream")
+
+
+def new_relay(conn):
+    """End the relay worker and wait for the one the launcher starts instead (it connects anew,
+    with the database's settings)."""
+    old = relay_status(conn)[0]["pid"]
+    query(conn, "SELECT pg_terminate_backend(%s)", (old,))
+    wait_until(lambda: (lambda r: r and r[0]["pid"] not in (None, old) and
+                        r[0]["state"] in ("idle", "publishing"))(relay_status(conn)),
+               60, "a new relay worker")
+
+
+def test_ce_source_per_database(env, conn):
+    """outbox.ce_source set with ALTER DATABASE reaches the relay when it next connects."""
+    probe_topic = f"it.ceprobe.{uuid.uuid4().hex[:10]}"
+    create_topics(env, [probe_topic], partitions=PARTITIONS)
+    db = env.pg_database
+    try:
+        query(conn, f'ALTER DATABASE "{db}" SET outbox.ce_source = %s', ("urn:shop:orders-db",))
+        new_relay(conn)
+        t0 = time.monotonic()
+        set_format(env, conn, probe_topic, fmt="cloudevents", expect_source="urn:shop:orders-db")
+        took = time.monotonic() - t0
+    finally:
+        query(conn, f'ALTER DATABASE "{db}" RESET outbox.ce_source')
+        new_relay(conn)
+        set_format(env, conn, probe_topic, fmt="debezium")
+    report(f"OUTBOX CLOUDEVENTS per database: ALTER DATABASE ... SET outbox.ce_source applied by the "
+           f"next relay worker ({took:.1f}s to the first probe with that source)")
 
 
 def test_trace_context_reaches_the_consumer(env, conn):
