@@ -38,8 +38,6 @@ POM="$SCRIPT_DIR/kafka-pom.xml"
 
 CACHE_DIR="${OUTBOX_CACHE:-$REPO_DIR/.cache}/kafka"
 LIBS="$CACHE_DIR/libs"
-MARKER="$LIBS/.complete"
-M2_REPO="$CACHE_DIR/m2"
 
 STATE_DIR="${OUTBOX_KAFKA_DIR:-/tmp/outbox-kafka}"
 DATA_DIR="$STATE_DIR/data"
@@ -60,15 +58,9 @@ START_TIMEOUT="${OUTBOX_KAFKA_START_TIMEOUT:-60}"
 LOG_LEVEL="${OUTBOX_KAFKA_LOG_LEVEL:-INFO}"
 STOP_TIMEOUT=30
 
-if [[ -z "${JAVA:-}" ]]; then
-    if [[ -n "${JAVA_HOME:-}" && -x "$JAVA_HOME/bin/java" ]]; then
-        JAVA="$JAVA_HOME/bin/java"
-    elif [[ -x /usr/lib/jvm/java-17-openjdk-amd64/bin/java ]]; then
-        JAVA=/usr/lib/jvm/java-17-openjdk-amd64/bin/java
-    else
-        JAVA=java
-    fi
-fi
+# shellcheck source=maven.sh
+source "$SCRIPT_DIR/maven.sh"
+pick_java
 
 log() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { printf 'kafka.sh: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -81,40 +73,10 @@ check_port() {
 
 # --------------------------------------------------------------------------- fetch
 
-pom_sum() { sha256sum "$POM" | cut -d' ' -f1; }
-
-libs_complete() {
-    [[ -f "$MARKER" ]] && [[ "$(cat "$MARKER")" == "$(pom_sum)" ]]
-}
-
 cmd_fetch() {
-    if libs_complete; then
-        return 0
-    fi
-    need mvn "apt-get install -y maven"
-    mkdir -p "$CACHE_DIR"
-    # one fetch at a time (two test runners starting together)
-    exec 8>"$CACHE_DIR/.fetch.lock"
-    flock 8
-    if libs_complete; then exec 8>&-; return 0; fi
-    local tmp="$CACHE_DIR/libs.tmp.$$"
-    rm -rf "$tmp"
-    log "fetching Kafka jars from Maven Central into $LIBS (one-time) ..."
+    maven_libs_complete "$POM" "$CACHE_DIR" && return 0
     local t0=$SECONDS
-    if ! mvn -B -q -Dstyle.color=never -f "$POM" \
-            -Dmaven.repo.local="$M2_REPO" \
-            dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp" \
-            >"$CACHE_DIR/fetch.log" 2>&1; then
-        tail -n 40 "$CACHE_DIR/fetch.log" >&2 || true
-        rm -rf "$tmp"
-        die "maven download failed (full log: $CACHE_DIR/fetch.log)"
-    fi
-    ls "$tmp"/kafka_2.13-*.jar "$tmp"/kafka-tools-[0-9]*.jar "$tmp"/log4j-slf4j-impl-*.jar >/dev/null 2>&1 \
-        || { rm -rf "$tmp"; die "download incomplete: kafka_2.13 / kafka-tools / log4j-slf4j-impl jar missing"; }
-    pom_sum >"$tmp/.complete"
-    rm -rf "$LIBS"
-    mv "$tmp" "$LIBS"
-    exec 8>&-
+    maven_fetch "$POM" "$CACHE_DIR" 'kafka_2.13-*.jar' 'kafka-tools-[0-9]*.jar' 'log4j-slf4j-impl-*.jar'
     log "fetched $(ls "$LIBS"/*.jar | wc -l) jars ($(du -sh "$LIBS" | cut -f1)) in $((SECONDS - t0)) s: $(kafka_version)"
 }
 
