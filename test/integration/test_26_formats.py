@@ -48,6 +48,13 @@ def b64(s):
     return None if s is None else base64.b64decode(s)
 
 
+def new_topic(env, tag: str) -> str:
+    """A new topic of PARTITIONS partitions, it.<tag>.<random>."""
+    name = f"it.{tag}.{uuid.uuid4().hex[:10]}"
+    create_topics(env, [name], partitions=PARTITIONS)
+    return name
+
+
 def wait_published(conn, agg_type: str, n: int, timeout: float = 120):
     def done():
         return query_one(conn, "SELECT count(*) FROM outbox.events e WHERE aggregate_type = %s"
@@ -92,8 +99,7 @@ def set_format(env, conn, probe_topic: str, *, fmt: str, ce_source=None, expect_
 
 def test_java_consumer_partitions_headers_timestamps(env, conn):
     agg_type = new_aggregate_type("java")
-    topic = f"it.java.{uuid.uuid4().hex[:10]}"
-    create_topics(env, [topic], partitions=PARTITIONS)
+    topic = new_topic(env, "java")
     # keys with non-ASCII characters too: murmur2 is over the key's UTF-8 bytes
     for part in range(10):
         query(conn, """
@@ -147,9 +153,8 @@ def test_java_consumer_partitions_headers_timestamps(env, conn):
 
 def test_cloudevents_sdk_parses_every_event(env, conn):
     agg_type = new_aggregate_type("ce")
-    topic = f"it.ce.{uuid.uuid4().hex[:10]}"
-    probe_topic = f"it.ceprobe.{uuid.uuid4().hex[:10]}"
-    create_topics(env, [topic, probe_topic], partitions=PARTITIONS)
+    topic = new_topic(env, "ce")
+    probe_topic = new_topic(env, "ceprobe")
     sysid, db = query_one(conn, "SELECT system_identifier, current_database() FROM pg_control_system()")
     source = f"/postgresql/{sysid}/{db}"
     try:
@@ -228,8 +233,7 @@ def new_relay(conn):
 
 def test_ce_source_per_database(env, conn):
     """outbox.ce_source set with ALTER DATABASE reaches the relay when it next connects."""
-    probe_topic = f"it.ceprobe.{uuid.uuid4().hex[:10]}"
-    create_topics(env, [probe_topic], partitions=PARTITIONS)
+    probe_topic = new_topic(env, "ceprobe")
     db = env.pg_database
     try:
         query(conn, f'ALTER DATABASE "{db}" SET outbox.ce_source = %s', ("urn:shop:orders-db",))
@@ -247,8 +251,7 @@ def test_ce_source_per_database(env, conn):
 
 def test_trace_context_reaches_the_consumer(env, conn):
     agg_type = new_aggregate_type("trace")
-    topic = f"it.trace.{uuid.uuid4().hex[:10]}"
-    create_topics(env, [topic], partitions=PARTITIONS)
+    topic = new_topic(env, "trace")
     table = f"traced_{uuid.uuid4().hex[:8]}"
     expected = {}
     sql = "SELECT outbox.emit(%s, %s, 'x', '{}', NULL, %s)"
@@ -298,8 +301,7 @@ def test_trace_context_reaches_the_consumer(env, conn):
 
 def test_bytes_arrive_unchanged(env, conn):
     agg_type = new_aggregate_type("bytes")
-    topic = f"it.bytes.{uuid.uuid4().hex[:10]}"
-    create_topics(env, [topic], partitions=PARTITIONS)
+    topic = new_topic(env, "bytes")
     rng = random.Random(26)
     big = bytes(rng.getrandbits(8) for _ in range(BIG_VALUE_BYTES - 256)) + bytes(range(256))
     values = {"confluent": CONFLUENT_BYTES, "every byte": bytes(range(256)), "zeros": bytes(1000),
