@@ -321,3 +321,39 @@ def test_bytes_arrive_unchanged(env, conn):
     report(f"OUTBOX BYTES: {len(values)} emit_bytes() values read by kafka-clients byte for byte "
            f"(Confluent wire format, 0x00..0xff, 1000 zeros, invalid UTF-8, empty, a "
            f"{BIG_VALUE_BYTES}-byte value; NULL arrived as a tombstone)")
+
+
+def test_bytes_dead_letter_hold_and_replay(env, conn):
+    """emit_bytes() events take emit()'s paths: a value Kafka refuses (too large) records its
+    failure and holds back the later events of its aggregate; replay() sends the bytes again."""
+    agg_type = new_aggregate_type("bytesfail")
+    topic = new_topic(env, "bytesfail")
+    with conn.cursor() as cur:
+        ids = {}
+        for agg_id, value in (("ok", CONFLUENT_BYTES), ("big", bytes(1_100_000)), ("big", b"\x00after")):
+            cur.execute("SELECT outbox.emit_bytes(%s, %s, 'blob.put', %s, NULL, %s)::text",
+                        (agg_type, agg_id, value, topic))
+            ids.setdefault(agg_id, []).append(cur.fetchone()[0])
+    poison, held = ids["big"]
+    # replay right away, long before outbox.retention (60 s) deletes the published event
+    wait_until(lambda: query_one(conn, "SELECT outbox.published(e) FROM outbox.events e WHERE event_id = %s",
+                                 (ids["ok"][0],))[0], 30, "the first event to be published")
+    first_id = query_one(conn, "SELECT id FROM outbox.events WHERE event_id = %s", (ids["ok"][0],))[0]
+    assert query_one(conn, "SELECT outbox.replay(%s, %s)", (first_id, first_id))[0] == 1
+    try:
+        wait_until(lambda: query_one(conn, "SELECT attempts > 0 FROM outbox.events WHERE event_id = %s",
+                                     (poison,))[0], 30, "the failed delivery to be recorded")
+        err, held_published = query_one(conn, """
+            SELECT (SELECT last_error FROM outbox.events WHERE event_id = %s),
+                   (SELECT outbox.published(e) FROM outbox.events e WHERE event_id = %s)""", (poison, held))
+        assert err and "MSG_SIZE_TOO_LARGE" in err, err
+        assert not held_published, "an event overtook the failed one of its aggregate"
+    finally:
+        query(conn, "DELETE FROM outbox.events WHERE event_id = %s", (poison,))
+    wait_published(conn, agg_type, 2)
+    recs = java_read(env, topic, 3, "records")
+    got = [(b64(r["key"]).decode(), b64(r["value"])) for r in recs]
+    assert sorted(got) == sorted([("ok", CONFLUENT_BYTES), ("ok", CONFLUENT_BYTES), ("big", b"\x00after")]), got
+    report("OUTBOX BYTES dead letter: a 1,100,000-byte emit_bytes() value refused (MSG_SIZE_TOO_LARGE "
+           "recorded), the next event of its aggregate held until it was removed; replay() sent the "
+           "bytes of another event again unchanged")
