@@ -18,6 +18,8 @@
 #                                         running the same tests
 #   OUTBOX_PG_MAJOR        (unset)        shorthand for OUTBOX_PG_MAJORS=N OUTBOX_PG_FULL_MAJORS=N
 #                                         OUTBOX_PG_ROW_MAJORS= (unless set)
+#   OUTBOX_KAFKA3_MAJORS   "17"           majors whose integration stage also runs test_27 against a
+#                                         3-broker Kafka cluster (test/env/kafka-cluster.sh)
 #   OUTBOX_CLEANUP_EVENTS  (unset)        events per run of test_18's retention test: 1,000,000 on
 #                                         the last full major, 500,000 on the others (the whole run
 #                                         must stay under CI's 60 minutes)
@@ -56,11 +58,14 @@ fi
 # The core subset for the majors that do not run everything: delivery and rollbacks, settings at
 # start and on reload, restart, kill -9 under load, standby promotion, dump/restore and every
 # upgrade path, secrets and SASL, the snapshot relay (relay_mode = snapshot), the relay's VACUUM,
-# the launcher (relays for several databases), the consumers' formats read by Java clients.
+# the launcher (relays for several databases), the consumers' formats read by Java clients, a
+# 3-broker Kafka cluster (test_27, on the majors in OUTBOX_KAFKA3_MAJORS only: its three JVMs
+# cost about a minute and a half).
 CORE_TESTS=(
     test_01_basic.py test_03_restart.py test_06_config.py test_10_crash.py
     test_16_standby.py test_17_dump_upgrade.py test_21_security.py test_22_sasl.py
     test_23_snapshot.py test_24_vacuum.py test_25_launcher.py test_26_formats.py
+    test_27_replicated.py
 )
 
 PY=/usr/bin/python3     # Debian's interpreter: it has psycopg2 and confluent_kafka
@@ -82,6 +87,7 @@ say() { printf '\n=== %s\n' "$*"; }
 cleanup() {
     test/env/pg.sh reset >/dev/null 2>&1 || true
     test/env/kafka.sh reset >/dev/null 2>&1 || true
+    test/env/kafka-cluster.sh reset >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -159,7 +165,7 @@ regress() {
 }
 
 integration() {
-    local major=$1 tests=() cleanup=${OUTBOX_CLEANUP_EVENTS:-500000}
+    local major=$1 tests=() cleanup=${OUTBOX_CLEANUP_EVENTS:-500000} kafka3=
     eval "PYARGS=(${PYTEST_ARGS:-})"     # keeps quoting, e.g. PYTEST_ARGS="-k 'a or b'"
     if in_list "$major" "${FULL_MAJORS[@]}"; then
         tests=(test/integration)
@@ -167,7 +173,8 @@ integration() {
         tests=("${CORE_TESTS[@]/#/test/integration/}")
     fi
     [[ -z ${OUTBOX_CLEANUP_EVENTS:-} && $major == "${FULL_MAJORS[-1]}" ]] && cleanup=1000000
-    OUTBOX_CLEANUP_EVENTS=$cleanup OUTBOX_TEST_OUT="$REPO/test/out/pg$major" \
+    in_list "$major" ${OUTBOX_KAFKA3_MAJORS-17} && kafka3=1
+    OUTBOX_KAFKA3=${kafka3:-0} OUTBOX_CLEANUP_EVENTS=$cleanup OUTBOX_TEST_OUT="$REPO/test/out/pg$major" \
         "$PY" -m pytest -v -p no:cacheprovider "${tests[@]}" "${PYARGS[@]}"
 }
 
