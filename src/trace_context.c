@@ -28,6 +28,7 @@
 #include <ctype.h>
 
 #include "access/xact.h"
+#include "parser/parser.h"
 #include "tcop/tcopprot.h"
 #include "utils/fmgrprotos.h"
 #include "utils/memutils.h"
@@ -38,6 +39,10 @@
 #define TRACEPARENT_LEN			55	/* version 00: 2-32-16-2 hex digits */
 #define TRACESTATE_MAX_LEN		512
 #define TRACESTATE_MAX_MEMBERS	32
+
+/* a character of an identifier (or of a dollar quote's tag) after its first */
+#define IS_IDENT_CHAR(c) \
+	(isalnum((unsigned char) (c)) || (c) == '_' || (unsigned char) (c) >= 0x80)
 
 /*
  * The context found in the comment of the statement being run, kept for
@@ -50,6 +55,11 @@ static char *comment_traceparent = NULL;
 static char *comment_tracestate = NULL;
 
 static void find_comment_context(void);
+static const char *next_comment(const char *p, const char **body,
+								const char **body_end);
+static const char *skip_to(const char *p, const char *s);
+static const char *skip_literal(const char *p, char quote, bool backslash);
+static const char *skip_dollar_quote(const char *p);
 static void parse_comment(const char *start, const char *end,
 						  char **traceparent, char **tracestate);
 static char *decode_value(const char *start, const char *end);
@@ -196,6 +206,8 @@ static void
 find_comment_context(void)
 {
 	const char *p = debug_query_string;
+	const char *body;
+	const char *body_end;
 	MemoryContext oldcxt;
 
 	if (p == comment_query && GetCurrentStatementStartTimestamp() == comment_statement_start)
@@ -209,15 +221,12 @@ find_comment_context(void)
 	comment_statement_start = GetCurrentStatementStartTimestamp();
 
 	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-	while (p != NULL && (p = strstr(p, "/*")) != NULL)
+	while (p != NULL && (p = next_comment(p, &body, &body_end)) != NULL)
 	{
-		const char *end = strstr(p + 2, "*/");
 		char	   *traceparent = NULL;
 		char	   *tracestate = NULL;
 
-		if (end == NULL)
-			break;
-		parse_comment(p + 2, end, &traceparent, &tracestate);
+		parse_comment(body, body_end, &traceparent, &tracestate);
 		if (traceparent != NULL && outbox_traceparent_is_valid(traceparent))
 		{
 			if (comment_traceparent != NULL)
@@ -228,10 +237,119 @@ find_comment_context(void)
 			comment_tracestate = NULL;
 			if (tracestate != NULL && outbox_tracestate_is_valid(tracestate))
 				comment_tracestate = tracestate;
+			else if (tracestate != NULL)
+				pfree(tracestate);
 		}
-		p = end + 2;
+		else
+		{
+			if (traceparent != NULL)
+				pfree(traceparent);
+			if (tracestate != NULL)
+				pfree(tracestate);
+		}
 	}
 	MemoryContextSwitchTo(oldcxt);
+}
+
+/*
+ * The next comment /\* ... *\/ of SQL text p, outside string literals, quoted
+ * identifiers, dollar quotes and -- comments (text in a literal that looks
+ * like a comment is data, not the application's comment): its body between
+ * *body and *body_end, and the text after it as the result; NULL if there is
+ * none.  Comments nest, as PostgreSQL's do.  Literals follow the server's
+ * rules: backslash escapes in E'...', and in '...' too while
+ * standard_conforming_strings is off.
+ */
+static const char *
+next_comment(const char *p, const char **body, const char **body_end)
+{
+	char		prev = ' ';
+
+	while (*p != '\0')
+	{
+		if (p[0] == '/' && p[1] == '*')
+		{
+			int			depth = 1;
+			const char *q = p + 2;
+
+			while (*q != '\0' && depth > 0)
+			{
+				if (q[0] == '/' && q[1] == '*')
+					depth++, q += 2;
+				else if (q[0] == '*' && q[1] == '/')
+					depth--, q += 2;
+				else
+					q++;
+			}
+			if (depth > 0)
+				return NULL;	/* unterminated: not a comment the server ran */
+			*body = p + 2;
+			*body_end = q - 2;
+			return q;
+		}
+		if (p[0] == '-' && p[1] == '-')
+			p = skip_to(p, "\n");
+		else if (*p == '\'')
+			p = skip_literal(p + 1, '\'',
+							 prev == 'E' || prev == 'e' || !standard_conforming_strings);
+		else if (*p == '"')
+			p = skip_literal(p + 1, '"', false);
+		else if (*p == '$' && !IS_IDENT_CHAR(prev) && !isdigit((unsigned char) p[1]))
+			p = skip_dollar_quote(p);
+		else
+			p++;
+		prev = p[-1];
+	}
+	return NULL;
+}
+
+/* past the next occurrence of s in p, or the end of p */
+static const char *
+skip_to(const char *p, const char *s)
+{
+	const char *found = strstr(p, s);
+
+	return found != NULL ? found + strlen(s) : p + strlen(p);
+}
+
+/* past the closing quote of a literal opened just before p ('' inside) */
+static const char *
+skip_literal(const char *p, char quote, bool backslash)
+{
+	while (*p != '\0')
+	{
+		if (backslash && *p == '\\' && p[1] != '\0')
+			p += 2;
+		else if (*p == quote && p[1] == quote)
+			p += 2;
+		else if (*p == quote)
+			return p + 1;
+		else
+			p++;
+	}
+	return p;
+}
+
+/*
+ * p is at a '$' that may open a dollar quote $tag$...$tag$: past its end if
+ * it does, else just past the '$'.
+ */
+static const char *
+skip_dollar_quote(const char *p)
+{
+	const char *tag_end = p + 1;
+	char	   *tag;
+	const char *end;
+
+	while (IS_IDENT_CHAR(*tag_end))
+		tag_end++;
+	if (*tag_end != '$')
+		return p + 1;
+	tag = pnstrdup(p, tag_end - p + 1);
+	end = strstr(tag_end + 1, tag);
+	end = end != NULL ? end + strlen(tag) : tag_end + 1 + strlen(tag_end + 1);
+	pfree(tag);
+	return end;
 }
 
 /*

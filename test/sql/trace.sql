@@ -26,6 +26,18 @@ SELECT outbox.emit('trace', 'zero trace id', 'x', '{}') IS NOT NULL AS ok /*trac
 SELECT outbox.emit('trace', 'unclosed', 'x', '{}') IS NOT NULL AS ok /*traceparent='00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01*/;
 SELECT trace_headers('bad comment') AS bad, trace_headers('zero trace id') AS zero,
        trace_headers('unclosed') AS unclosed;
+-- what only looks like a comment is data: in a literal, a quoted name, a dollar quote, a -- comment
+SELECT outbox.emit('trace', 'in literal', 'x', '{"t": "/*traceparent=''00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01''*/"}') IS NOT NULL AS ok;
+SELECT outbox.emit('trace', 'in e-literal', 'x', jsonb_build_object('t', E'it\'s /*traceparent=''00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01''*/')) IS NOT NULL AS "/*traceparent='00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'*/";
+SELECT outbox.emit('trace', 'in dollar quote', 'x', jsonb_build_object('t', $q$ /*traceparent='00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'*/ $q$)) IS NOT NULL AS ok;
+SELECT trace_headers('in literal') AS literal, trace_headers('in e-literal') AS e_literal,
+       trace_headers('in dollar quote') AS dollar;
+-- ... and a real comment after such text is found; a nested comment is one comment, not of
+-- sqlcommenter's shape: ignored
+SELECT outbox.emit('trace', 'after literal', 'x', '{"t": "it''s /*"}') IS NOT NULL AS ok /*traceparent='00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'*/;
+SELECT outbox.emit('trace', 'nested', 'x', '{}') IS NOT NULL AS ok /* outer /* inner */ traceparent='00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' */;
+SELECT trace_headers('after literal') AS after_literal, trace_headers('nested') AS nested;
+
 -- a valid traceparent with a malformed tracestate: the tracestate is dropped
 SELECT outbox.emit('trace', 'bad tracestate', 'x', '{}') IS NOT NULL AS ok /*traceparent='00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01',tracestate='Not=Valid'*/;
 SELECT trace_headers('bad tracestate');
