@@ -18,6 +18,8 @@ MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
 	src/guc.o \
+	src/guc_refusal.o \
+	src/cloudevents.o \
 	src/topic.o \
 	src/kafka_config.o \
 	src/secrets.o \
@@ -54,7 +56,7 @@ PG_CPPFLAGS += -I$(srcdir)/src
 PG_CFLAGS += -Wextra -Wno-unused-parameter
 
 # pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/
-REGRESS = emit capture ops trace bytes
+REGRESS = emit capture ops trace bytes cloudevents
 REGRESS_OPTS = --inputdir=test --outputdir=test/out
 
 PG_CONFIG ?= pg_config

@@ -15,6 +15,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "cloudevents.h"
 #include "topic.h"
 #include "trace_context.h"
 
@@ -66,7 +67,6 @@ static text *required_text_arg(FunctionCallInfo fcinfo, int argno,
 static void event_from_args(FunctionCallInfo fcinfo, const char *function,
 							OutboxEvent *event);
 static void validate_headers(Jsonb *headers);
-static void validate_trace_header(const char *key, JsonbValue *v);
 static void check_length(text *value, const char *name, int max,
 						 const char *context);
 static const char *jsonb_type_name(JsonbValue *v);
@@ -435,6 +435,8 @@ validate_headers(Jsonb *headers)
 	JsonbValue	v;
 	JsonbIteratorToken tok;
 	char	   *key = NULL;
+	bool		has_traceparent = false;
+	bool		has_tracestate = false;
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 	{
@@ -456,6 +458,8 @@ validate_headers(Jsonb *headers)
 		if (tok == WJB_KEY)
 		{
 			key = pnstrdup(v.val.string.val, v.val.string.len);
+			has_traceparent |= strcmp(key, "traceparent") == 0;
+			has_tracestate |= strcmp(key, "tracestate") == 0;
 			if (v.val.string.len == 0)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -477,35 +481,17 @@ validate_headers(Jsonb *headers)
 					 errdetail("Got %s.", jsonb_type_name(&v)),
 					 errhint("Kafka header values are strings; quote the value.")));
 		else if (tok == WJB_VALUE)
-			validate_trace_header(key, &v);
+		{
+			outbox_check_trace_header(key, v.val.string.val, v.val.string.len);
+			outbox_check_cloudevents_header(key, v.val.string.val, v.val.string.len);
+		}
 	}
-}
-
-/*
- * A traceparent or tracestate given in headers must be well-formed: a
- * consumer would otherwise drop the trace (or worse, parse garbage), and
- * the caller is there to be told.  (From a setting or comment a bad one is
- * ignored instead: see trace_context.c.)
- */
-static void
-validate_trace_header(const char *key, JsonbValue *v)
-{
-	char	   *value;
-
-	if (strcmp(key, "traceparent") != 0 && strcmp(key, "tracestate") != 0)
-		return;
-	value = pnstrdup(v->val.string.val, v->val.string.len);
-	if (strcmp(key, "traceparent") == 0 && !outbox_traceparent_is_valid(value))
+	if (has_tracestate && !has_traceparent)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("headers value for key \"traceparent\" is not a W3C traceparent: \"%s\"", value),
-				 errhint("A traceparent is 00-<32 hex digits trace id>-<16 hex digits parent id>-<2 hex digits flags>, in lower case.")));
-	if (strcmp(key, "tracestate") == 0 && !outbox_tracestate_is_valid(value))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("headers value for key \"tracestate\" is not a W3C tracestate: \"%s\"", value),
-				 errhint("A tracestate is up to 32 comma-separated key=value members, at most 512 bytes.")));
-	pfree(value);
+				 errmsg("headers has a \"tracestate\" but no \"traceparent\""),
+				 errdetail("A W3C tracestate belongs to the traceparent it came with."),
+				 errhint("Pass both, or neither.")));
 }
 
 static const char *

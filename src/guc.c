@@ -15,6 +15,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "cloudevents.h"
 #include "kafka_config.h"
 #include "topic.h"
 
@@ -42,22 +43,6 @@ char	   *outbox_kafka_properties = "";
  */
 static char *kafka_properties_masked = NULL;
 
-/*
- * Why the outbox.kafka_properties of the configuration file or the command
- * line (-c) was refused when the server started, or "".  PostgreSQL then
- * only warns and starts with the default (no properties): a relay that went
- * on would connect without the TLS or SASL settings it was given.
- * Inherited by the worker; cleared when a value is accepted (a reload with
- * the file fixed), or, for a refusal from the file only, by a reload that
- * refuses none.  A refused command-line value stays refused until a valid
- * value is loaded: no reload can bring the command line back.
- */
-static char kafka_properties_refusal[256] = "";
-static bool kafka_properties_refused_on_command_line = false;
-
-/* values of outbox.kafka_properties from a configuration file refused so far */
-static uint64 kafka_properties_file_refusals = 0;
-
 int			outbox_retention = 60;
 int			outbox_vacuum_interval = 5;
 int			outbox_delivery_timeout = 30000;
@@ -68,6 +53,7 @@ int			outbox_relay_mode = OUTBOX_RELAY_SNAPSHOT;
 char	   *outbox_allowed_topics = NULL;
 char	   *outbox_role = NULL;
 int			outbox_message_format = OUTBOX_FORMAT_DEBEZIUM;
+static char *outbox_message_format_name = NULL;
 char	   *outbox_ce_source = NULL;
 char	   *outbox_traceparent = NULL;
 char	   *outbox_tracestate = NULL;
@@ -87,14 +73,11 @@ static const struct config_enum_entry relay_mode_options[] = {
 	{NULL, 0, false}
 };
 
-static const struct config_enum_entry message_format_options[] = {
-	{"debezium", OUTBOX_FORMAT_DEBEZIUM, false},
-	{"cloudevents", OUTBOX_FORMAT_CLOUDEVENTS, false},
-	{NULL, 0, false}
-};
-
 static bool check_topic_prefix(char **newval, void **extra, GucSource source);
+static bool check_message_format(char **newval, void **extra, GucSource source);
+static void assign_message_format(const char *newval, void *extra);
 static bool check_ce_source(char **newval, void **extra, GucSource source);
+static void assign_ce_source(const char *newval, void *extra);
 static bool check_bootstrap_servers(char **newval, void **extra,
 									GucSource source);
 static bool check_kafka_properties(char **newval, void **extra,
@@ -278,15 +261,15 @@ outbox_define_gucs(void)
 							   0,
 							   NULL, NULL, NULL);
 
-	DefineCustomEnumVariable("outbox.message_format",
-							 "The shape of the messages the relay produces.",
-							 "debezium: key, JSON value and the headers id, event_type, aggregate_type; cloudevents: the CloudEvents 1.0 Kafka binding in binary content mode (ce_* headers).",
-							 &outbox_message_format,
-							 OUTBOX_FORMAT_DEBEZIUM,
-							 message_format_options,
-							 PGC_SIGHUP,
-							 0,
-							 NULL, NULL, NULL);
+	/* a string, not an enum: its check hook sees a value refused at start */
+	DefineCustomStringVariable("outbox.message_format",
+							   "The shape of the messages the relay produces: debezium or cloudevents.",
+							   "debezium: key, JSON value and the headers id, event_type, aggregate_type; cloudevents: the CloudEvents 1.0 Kafka binding in binary content mode (ce_* headers).",
+							   &outbox_message_format_name,
+							   "debezium",
+							   PGC_SIGHUP,
+							   0,
+							   check_message_format, assign_message_format, NULL);
 
 	/* PGC_SUSET so that ALTER DATABASE ... SET can give each database its own */
 	DefineCustomStringVariable("outbox.ce_source",
@@ -296,7 +279,7 @@ outbox_define_gucs(void)
 							   "",
 							   PGC_SUSET,
 							   0,
-							   check_ce_source, NULL, NULL);
+							   check_ce_source, assign_ce_source, NULL);
 
 	/* any user: an application's middleware sets them with SET LOCAL */
 	DefineCustomStringVariable("outbox.traceparent",
@@ -321,22 +304,49 @@ outbox_define_gucs(void)
 }
 
 /*
- * A CloudEvents source is a URI reference; as a Kafka header value it must
- * be plain: printable ASCII without spaces (the rest of the URI syntax is
- * the user's to get right).
+ * outbox.message_format: debezium or cloudevents, in any case.  A value
+ * refused at server start stops the relay (guc_refusal.c): consumers would
+ * get messages of the other shape.
+ */
+static bool
+check_message_format(char **newval, void **extra, GucSource source)
+{
+	if (pg_strcasecmp(*newval, "debezium") == 0 ||
+		pg_strcasecmp(*newval, "cloudevents") == 0)
+		return true;
+	GUC_check_errdetail("Available values: debezium, cloudevents.");
+	outbox_note_refusal(OUTBOX_REFUSABLE_MESSAGE_FORMAT, source,
+						"not debezium or cloudevents");
+	return false;
+}
+
+static void
+assign_message_format(const char *newval, void *extra)
+{
+	outbox_message_format = pg_strcasecmp(newval, "cloudevents") == 0 ?
+		OUTBOX_FORMAT_CLOUDEVENTS : OUTBOX_FORMAT_DEBEZIUM;
+	outbox_clear_refusal(OUTBOX_REFUSABLE_MESSAGE_FORMAT);
+}
+
+/*
+ * outbox.ce_source: empty (the default source) or a URI reference a
+ * CloudEvents consumer can read (cloudevents.c).  A value refused at server
+ * start stops the relay, as for outbox.message_format.
  */
 static bool
 check_ce_source(char **newval, void **extra, GucSource source)
 {
-	const char *p;
+	if ((*newval)[0] == '\0' || outbox_uri_reference_is_valid(*newval, strlen(*newval)))
+		return true;
+	GUC_check_errdetail("A CloudEvents source is a URI reference: letters, digits and -._~:/?#@!$&'()*+,;= only, other characters percent-encoded (%%20 for a space).");
+	outbox_note_refusal(OUTBOX_REFUSABLE_CE_SOURCE, source, "not a URI reference");
+	return false;
+}
 
-	for (p = *newval; *p != '\0'; p++)
-		if (*p <= 0x20 || *p > 0x7e)
-		{
-			GUC_check_errdetail("A URI reference has no spaces or characters outside printable ASCII; percent-encode them.");
-			return false;
-		}
-	return true;
+static void
+assign_ce_source(const char *newval, void *extra)
+{
+	outbox_clear_refusal(OUTBOX_REFUSABLE_CE_SOURCE);
 }
 
 /*
@@ -483,15 +493,7 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 		/* replaces core's message, which would quote the whole value */
 		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_properties\"");
 		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
-		if (source == PGC_S_FILE)
-			kafka_properties_file_refusals++;
-		if (process_shared_preload_libraries_in_progress &&
-			(source == PGC_S_FILE || source == PGC_S_ARGV))
-		{
-			strlcpy(kafka_properties_refusal, error, sizeof(kafka_properties_refusal));
-			if (source == PGC_S_ARGV)
-				kafka_properties_refused_on_command_line = true;
-		}
+		outbox_note_refusal(OUTBOX_REFUSABLE_KAFKA_PROPERTIES, source, error);
 		return false;
 	}
 
@@ -524,41 +526,7 @@ static void
 assign_kafka_properties(const char *newval, void *extra)
 {
 	outbox_kafka_properties = extra ? (char *) extra : "";
-	kafka_properties_refusal[0] = '\0';
-	kafka_properties_refused_on_command_line = false;
-}
-
-/*
- * outbox_kafka_properties_refusal
- *		Why the outbox.kafka_properties of the configuration file or the
- *		command line was refused at server start (names properties, never
- *		values), or NULL if it was
- *		not, or a valid value was loaded since.  The relay does not publish
- *		while this is set.
- */
-const char *
-outbox_kafka_properties_refusal(void)
-{
-	return kafka_properties_refusal[0] != '\0' ? kafka_properties_refusal : NULL;
-}
-
-/*
- * outbox_reload_config_file
- *		ProcessConfigFile(PGC_SIGHUP) for the relay.  A value refused at
- *		server start stays refused while the file still has a refused one;
- *		once a reload refuses none (the line fixed, or removed so that the
- *		default applies, which calls no assign hook) it is forgotten.  One
- *		refused on the command line is not: see kafka_properties_refusal.
- */
-void
-outbox_reload_config_file(void)
-{
-	uint64		refusals = kafka_properties_file_refusals;
-
-	ProcessConfigFile(PGC_SIGHUP);
-	if (kafka_properties_file_refusals == refusals &&
-		!kafka_properties_refused_on_command_line)
-		kafka_properties_refusal[0] = '\0';
+	outbox_clear_refusal(OUTBOX_REFUSABLE_KAFKA_PROPERTIES);
 }
 
 /*

@@ -97,7 +97,23 @@ extern char *outbox_tracestate;			/* W3C tracestate; '' = none */
 #define OUTBOX_FORMAT_CLOUDEVENTS	1	/* CloudEvents binary mode, ce_* */
 
 extern void outbox_define_gucs(void);
-extern const char *outbox_kafka_properties_refusal(void);
+
+/*
+ * guc_refusal.c: settings refused when the server started (the relay
+ * publishes nothing while one stands)
+ */
+typedef enum OutboxRefusable
+{
+	OUTBOX_REFUSABLE_KAFKA_PROPERTIES,
+	OUTBOX_REFUSABLE_MESSAGE_FORMAT,
+	OUTBOX_REFUSABLE_CE_SOURCE,
+	OUTBOX_NUM_REFUSABLE
+} OutboxRefusable;
+
+extern void outbox_note_refusal(OutboxRefusable setting, GucSource source,
+								const char *why);
+extern void outbox_clear_refusal(OutboxRefusable setting);
+extern char *outbox_config_refusal(void);
 extern void outbox_reload_config_file(void);
 
 /*

@@ -62,6 +62,7 @@ static const char *skip_literal(const char *p, char quote, bool backslash);
 static const char *skip_dollar_quote(const char *p);
 static void parse_comment(const char *start, const char *end,
 						  char **traceparent, char **tracestate);
+static void replace_value(char **target, char *value);
 static char *decode_value(const char *start, const char *end);
 static bool is_lower_hex(const char *s, int n, bool *all_zero);
 static bool tracestate_member_is_valid(const char *s, const char *end);
@@ -148,6 +149,35 @@ tracestate_member_is_valid(const char *s, const char *end)
 		if (*p < 0x20 || *p > 0x7e || *p == ',' || *p == '=')
 			return false;
 	return true;
+}
+
+/*
+ * outbox_check_trace_header
+ *		Raise 22023 if the header key (a C string) is traceparent or
+ *		tracestate and value (len bytes, not NUL-terminated) is not a valid
+ *		one: given explicitly (emit()'s headers), a bad one is the caller's
+ *		to hear about, not a consumer's to drop or misread.  (From a setting
+ *		or comment a bad one is ignored instead.)
+ */
+void
+outbox_check_trace_header(const char *key, const char *value, size_t len)
+{
+	char	   *s;
+
+	if (strcmp(key, TRACEPARENT) != 0 && strcmp(key, TRACESTATE) != 0)
+		return;
+	s = pnstrdup(value, len);
+	if (strcmp(key, TRACEPARENT) == 0 && !outbox_traceparent_is_valid(s))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers value for key \"traceparent\" is not a W3C traceparent: \"%s\"", s),
+				 errhint("A traceparent is 00-<32 hex digits trace id>-<16 hex digits parent id>-<2 hex digits flags>, in lower case.")));
+	if (strcmp(key, TRACESTATE) == 0 && !outbox_tracestate_is_valid(s))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers value for key \"tracestate\" is not a W3C tracestate: \"%s\"", s),
+				 errhint("A tracestate is up to 32 comma-separated key=value members, at most 512 bytes.")));
+	pfree(s);
 }
 
 /*
@@ -384,18 +414,27 @@ parse_comment(const char *start, const char *end, char **traceparent,
 			return;
 		if (key_end - key == strlen(TRACEPARENT) &&
 			strncmp(key, TRACEPARENT, key_end - key) == 0)
-			*traceparent = decode_value(value, p);
+			replace_value(traceparent, decode_value(value, p));
 		else if (key_end - key == strlen(TRACESTATE) &&
 				 strncmp(key, TRACESTATE, key_end - key) == 0)
-			*tracestate = decode_value(value, p);
+			replace_value(tracestate, decode_value(value, p));
 		p++;
 	}
 }
 
+/* *target = value, freeing what it held (a key given twice: the last wins) */
+static void
+replace_value(char **target, char *value)
+{
+	if (*target != NULL)
+		pfree(*target);
+	*target = value;
+}
+
 /*
  * A sqlcommenter value: \' is a quote, %XX a URL-encoded byte.  Returns a
- * palloc'd string; a bad %-sequence is kept as it is (and the value then
- * fails validation).
+ * palloc'd string, or NULL for a value with a %00; a bad %-sequence is kept
+ * as it is (and the value then fails validation).
  */
 static char *
 decode_value(const char *start, const char *end)
@@ -413,7 +452,13 @@ decode_value(const char *start, const char *end)
 		{
 			char		hex[3] = {p[1], p[2], '\0'};
 
-			*out++ = (char) strtol(hex, NULL, 16);
+			*out = (char) strtol(hex, NULL, 16);
+			if (*out++ == '\0')
+			{
+				/* %00: no valid value has one; never cut the value short */
+				pfree(result);
+				return NULL;
+			}
 			p += 2;
 		}
 		else

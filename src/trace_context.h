@@ -12,6 +12,8 @@
 
 extern bool outbox_traceparent_is_valid(const char *s);
 extern bool outbox_tracestate_is_valid(const char *s);
+extern void outbox_check_trace_header(const char *key, const char *value,
+									  size_t len);
 extern Jsonb *outbox_add_trace_context(Jsonb *headers);
 
 #endif							/* OUTBOX_TRACE_CONTEXT_H */

@@ -476,17 +476,13 @@ update_broker_state(const OutboxBatchResult *result)
 static bool
 ensure_producer(void)
 {
-	char	   *error = NULL;
-	const char *refusal;
+	char	   *error;
 
 	if (producer != NULL)
 		return true;
 
-	refusal = outbox_kafka_properties_refusal();
-	if (refusal != NULL)
-		error = psprintf("outbox.kafka_properties in the configuration file was refused when the server started (%s); the relay publishes nothing without the settings it was given",
-						 refusal);
-	else
+	error = outbox_config_refusal();
+	if (error == NULL)
 		producer = outbox_producer_create(&error);
 	if (producer != NULL)
 	{
@@ -503,7 +499,7 @@ ensure_producer(void)
 		ereport(LOG,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox relay cannot create its Kafka producer: %s", error),
-				 errhint("Fix outbox.bootstrap_servers or outbox.kafka_properties and reload the configuration.")));
+				 errhint("Fix outbox.bootstrap_servers, outbox.kafka_properties, outbox.message_format or outbox.ce_source and reload the configuration.")));
 		if (last_config_error != NULL)
 			pfree(last_config_error);
 		last_config_error = MemoryContextStrdup(TopMemoryContext, error);

@@ -47,8 +47,10 @@ test/env/pg.sh start
 step "4/6 schema: the extension and a small order model"
 psql -X -q -v ON_ERROR_STOP=1 <<'SQL'
 CREATE EXTENSION IF NOT EXISTS outbox;
--- a cluster left by an earlier demo may hold an older version
+-- a cluster left by an earlier demo may hold an older version (quietly: a fresh one is current)
+SET client_min_messages = warning;
 ALTER EXTENSION outbox UPDATE;
+RESET client_min_messages;
 CREATE TABLE IF NOT EXISTS orders (
     id          bigint PRIMARY KEY,
     customer    text NOT NULL,

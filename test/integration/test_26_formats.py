@@ -22,9 +22,12 @@ import random
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
-from conftest import (REPO, TopicReader, create_topics, new_aggregate_type, pg_connect, query,
-                      query_one, relay_status, report, wait_until)
+import pytest
+
+from conftest import (REPO, TopicReader, create_topics, new_aggregate_type, pg_connect, pg_sh,
+                      query, query_one, relay_status, report, wait_relay_ready, wait_until)
 from helpers_lifecycle import set_system
 
 CLIENTS_SH = REPO / "test" / "java" / "clients.sh"
@@ -357,3 +360,39 @@ def test_bytes_dead_letter_hold_and_replay(env, conn):
     report("OUTBOX BYTES dead letter: a 1,100,000-byte emit_bytes() value refused (MSG_SIZE_TOO_LARGE "
            "recorded), the next event of its aggregate held until it was removed; replay() sent the "
            "bytes of another event again unchanged")
+
+
+@pytest.mark.parametrize("setting,value", [("outbox.message_format", "avro"),
+                                           ("outbox.ce_source", '"quoted"')])
+def test_refused_format_setting_at_server_start_stops_the_relay(env, setting, value):
+    """PostgreSQL only warns about an invalid value in postgresql.conf at start and uses the
+    default: consumers would get Debezium messages, or another source, than they were built for
+    (found by a fresh user's try-out).  The relay says config_error and publishes nothing until a
+    reload brings a valid value."""
+    agg_type = new_aggregate_type("badfmt")
+    topic = new_topic(env, "badfmt")
+    conf = Path(env.pg_dir) / "data" / "postgresql.conf"
+    original = conf.read_text()
+    conn = None
+    try:
+        conf.write_text(original + f"\n{setting} = '{value}'\n")
+        pg_sh(env, "restart")
+        conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
+        st = wait_until(lambda: (lambda r: r[0] if r and r[0]["state"] == "config_error" else None)(
+            relay_status(conn)), 30, "state config_error after a start with a refused value")
+        assert f"{setting} in the configuration file was refused when the server started" in st["last_error"], st
+        query(conn, "SELECT outbox.emit(%s, 'a', 'e', '{}', NULL, %s)", (agg_type, topic))
+        time.sleep(3)
+        assert not query_one(conn, "SELECT outbox.published(e) FROM outbox.events e WHERE aggregate_type = %s",
+                             (agg_type,))[0], "published with the default instead of the configured value"
+        conf.write_text(original)
+        query(conn, "SELECT pg_reload_conf()")
+        wait_published(conn, agg_type, 1, timeout=60)
+    finally:
+        conf.write_text(original)
+        if conn is not None:
+            query(conn, "SELECT pg_reload_conf()")
+            conn.close()
+        wait_relay_ready(env)
+    report(f"OUTBOX CONFIG REFUSED AT START: {setting} = {value!r} in postgresql.conf: the relay said "
+           f"config_error and published nothing until the file was fixed and reloaded")

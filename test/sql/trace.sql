@@ -83,9 +83,15 @@ SELECT outbox.emit('trace', 'e3', 'x', '{}',
 SELECT outbox.emit('trace', 'e4', 'x', '{}',
                    '{"traceparent": "00-33333333333333333333333333333333-4444444444444444-00-x"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
-SELECT outbox.emit('trace', 'e5', 'x', '{}', '{"tracestate": "a=b,,c=d e"}') IS NOT NULL AS ok;
-SELECT outbox.emit('trace', 'e6', 'x', '{}', '{"tracestate": "a=b=c"}');
+SELECT outbox.emit('trace', 'e5', 'x', '{}', '{"traceparent": "00-33333333333333333333333333333333-4444444444444444-00", "tracestate": "a=b,,c=d e"}') IS NOT NULL AS ok;
+SELECT outbox.emit('trace', 'e6', 'x', '{}', '{"traceparent": "00-33333333333333333333333333333333-4444444444444444-00", "tracestate": "a=b=c"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- a tracestate without its traceparent is refused (it would be paired with another source's)
+SELECT outbox.emit('trace', 'e8', 'x', '{}', '{"tracestate": "a=b"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- a %00 in a comment's value makes it malformed: dropped, never cut short
+SELECT outbox.emit('trace', 'nul', 'x', '{}') IS NOT NULL AS ok /*traceparent='00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01',tracestate='a%3Db%00c'*/;
+SELECT trace_headers('nul');
 -- ce_id and ce_specversion are the relay's, as id is
 SELECT outbox.emit('trace', 'e7', 'x', '{}', '{"ce_id": "mine"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
