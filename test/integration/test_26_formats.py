@@ -170,18 +170,21 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
             cur.execute("SELECT outbox.emit(%s, 'special', 'order.moved', '{\"to\": 1}', %s, %s)",
                         (agg_type, json.dumps({"ce_source": "urn:shop:legacy", "ce_type": "com.example.moved",
                                                "ce_tenant": "acme", "tenant": "acme"}), topic))
+            cur.execute("SELECT outbox.emit(%s, 'special2', 'order.moved', '{\"to\": 2}', %s, %s)",
+                        (agg_type, json.dumps({"ce_source": "/relative/path?q=1#frag", "ce_subject": "order/2",
+                                               "ce_time": "2026-12-03T04:05:06.123456+01:00"}), topic))
             cur.execute("SELECT outbox.emit(%s, 'gone', 'order.deleted', NULL, NULL, %s)", (agg_type, topic))
             cur.execute("SELECT outbox.emit_bytes(%s, 'avro', 'order.avro', %s, NULL, %s)",
                         (agg_type, CONFLUENT_BYTES, topic))
-        wait_published(conn, agg_type, 303)
+        wait_published(conn, agg_type, 304)
         # outbox.ce_source on reload
         set_format(env, conn, probe_topic, fmt="cloudevents", ce_source="https://shop.example/orders",
                    expect_source="https://shop.example/orders")
         query(conn, "SELECT outbox.emit(%s, 'order-1', 'order.updated', '{\"seq\": 301}', NULL, %s)",
               (agg_type, topic))
-        wait_published(conn, agg_type, 304)
+        wait_published(conn, agg_type, 305)
         rows = rows_by_id(conn, agg_type)
-        recs = java_read(env, topic, 304, "cloudevents")
+        recs = java_read(env, topic, 305, "cloudevents")
     finally:
         set_format(env, conn, probe_topic, fmt="debezium")
 
@@ -197,7 +200,7 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
         want_source = headers.get("ce_source") or \
             ("https://shop.example/orders" if payload == {"seq": 301} else source)
         want = {"specversion": "1.0", "type": headers.get("ce_type", event_type),
-                "source": want_source, "subject": agg_id,
+                "source": want_source, "subject": headers.get("ce_subject", agg_id),
                 "datacontenttype": "application/octet-stream" if payload_bytes is not None
                 else None if payload is None else "application/json",
                 "extensions": "tenant" if "ce_tenant" in headers else ""}
@@ -205,6 +208,8 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
         if got != want:
             problems.append(f"{r['id']}: {got}, expected {want}")
         t = datetime.datetime.fromisoformat(r["time"].replace("Z", "+00:00"))
+        if "ce_time" in headers:
+            created_at = datetime.datetime.fromisoformat(headers["ce_time"])
         if t != created_at:
             problems.append(f"{r['id']}: time {r['time']}, created_at {created_at.isoformat()}")
         data = b64(r["data"])
@@ -215,12 +220,13 @@ def test_cloudevents_sdk_parses_every_event(env, conn):
             problems.append(f"{r['id']}: data {data!r}, payload {payload}")
         if b64(r["key"]).decode() != agg_id:
             problems.append(f"{r['id']}: key {b64(r['key'])!r}")
-    assert {r["id"] for r in parsed} == set(rows) and len(recs) == 304, \
+    assert {r["id"] for r in parsed} == set(rows) and len(recs) == 305, \
         f"{len(recs)} records, {len(parsed)} parsed, {len(rows)} events"
     assert not problems, f"{len(problems)} problems:\n  " + "\n  ".join(problems[:20])
-    report(f"OUTBOX CLOUDEVENTS (cloudevents-kafka 4.0.1 CloudEventDeserializer): 304 of 304 events "
-           f"parsed as CloudEvents 1.0 with id, type, source ({source} by default, a per-event "
-           f"ce_source and outbox.ce_source after a reload), subject, time (µs), data; 1 tombstone "
+    report(f"OUTBOX CLOUDEVENTS (cloudevents-kafka 4.0.1 CloudEventDeserializer): 305 of 305 events "
+           f"parsed as CloudEvents 1.0 with id, type, source ({source} by default, per-event "
+           f"ce_source (absolute and relative), ce_subject, ce_time overrides, and outbox.ce_source "
+           f"after a reload), subject, time (µs), data; 1 tombstone "
            f"without data; 1 extension (ce_tenant); 1 emit_bytes() event as application/octet-stream")
 
 
