@@ -303,19 +303,15 @@ open_claim(ClaimVariant variant, bool snapshot_schema, bool bytes)
 {
 	Oid			claim_types[2] = {INT4OID, INT8OID};
 	Datum		claim_values[2];
-	SPIPlanPtr *cache = snapshot_schema ?
-		&claim_plans_legacy[bytes][variant] : &claim_plans[variant];
+	SPIPlanPtr	plan = snapshot_schema ?
+		outbox_prepare_bytes_plan(&claim_plans_legacy[bytes][variant],
+								  claim_sql_legacy[variant], bytes, 2, claim_types) :
+		outbox_prepare_bytes_plan(&claim_plans[variant], claim_sql[variant],
+								  false, 1, claim_types);
 
-	if (*cache == NULL)
-		(void) outbox_prepare_plan(cache,
-								   psprintf(snapshot_schema ?
-											claim_sql_legacy[variant] :
-											claim_sql[variant],
-											BYTES_COLUMN(bytes)),
-								   snapshot_schema ? 2 : 1, claim_types);
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
 	claim_values[1] = Int64GetDatum(snapshot_schema ? outbox_snapshot_claim_ceiling() : 0);
-	return SPI_cursor_open(NULL, *cache, claim_values, NULL, false);
+	return SPI_cursor_open(NULL, plan, claim_values, NULL, false);
 }
 
 /*

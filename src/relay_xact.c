@@ -123,3 +123,21 @@ outbox_prepare_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes
 	}
 	return *cache;
 }
+
+/*
+ * outbox_prepare_bytes_plan
+ *		outbox_prepare_plan of format with its one %s replaced by the claims'
+ *		payload_bytes column (COL_PAYLOAD_BYTES: the column from schema 1.6 on,
+ *		else NULL::bytea); the text is built only when the plan is prepared.
+ *		Raises ERROR if SPI_prepare fails.
+ */
+SPIPlanPtr
+outbox_prepare_bytes_plan(SPIPlanPtr *cache, const char *format, bool bytes,
+						  int nargs, Oid *argtypes)
+{
+	if (*cache == NULL)
+		(void) outbox_prepare_plan(cache,
+								   psprintf(format, bytes ? "e.payload_bytes" : "NULL::bytea"),
+								   nargs, argtypes);
+	return *cache;
+}

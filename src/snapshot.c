@@ -44,7 +44,7 @@
 /* nothing is visible in it: every event is newer */
 #define EMPTY_SNAPSHOT	"1:1:"
 
-/* %s: e.payload_bytes from 1.6 on, else NULL::bytea (see BYTES_COLUMN) */
+/* %s: e.payload_bytes from 1.6 on, else NULL::bytea (outbox_prepare_bytes_plan) */
 #define EVENT_COLUMNS \
 "SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
 "       e.topic, e.payload, e.headers, e.created_at, 0 AS attempts, %s, e.ctid" \
@@ -113,20 +113,6 @@ static SPIPlanPtr demote_plan = NULL;
 static SPIPlanPtr ceiling_plan = NULL;
 static SPIPlanPtr oldest_plan = NULL;
 
-/*
- * The saved plan of an EVENT_COLUMNS query: format with its payload_bytes
- * column or NULL in its place (schemas before 1.6), prepared on first use.
- */
-static SPIPlanPtr
-event_plan(SPIPlanPtr *cache, const char *format, bool bytes, int nargs,
-		   Oid *types)
-{
-	if (*cache == NULL)
-		(void) outbox_prepare_plan(cache, psprintf(format, BYTES_COLUMN(bytes)),
-								   nargs, types);
-	return *cache;
-}
-
 /* run a plan that returns one row of one column; NULL if SQL NULL */
 static char *
 single_value(SPIPlanPtr plan, Datum *args, bool read_only)
@@ -151,7 +137,7 @@ outbox_snapshot_schema(Oid events_relid)
 /*
  * outbox_bytes_schema
  *		True if outbox.events has the payload_bytes column (schema 1.6 and
- *		later, emit_bytes()): the claims then read it (BYTES_COLUMN).
+ *		later, emit_bytes()): the claims then read it (outbox_prepare_bytes_plan).
  */
 bool
 outbox_bytes_schema(Oid events_relid)
@@ -250,7 +236,7 @@ outbox_snapshot_open(OutboxSnapshotBatch *sb, int limit, bool *part_b)
 		args[3] = Int64GetDatum(sb->prev_floor);
 		args[4] = Int32GetDatum(limit);
 		return SPI_cursor_open(NULL,
-							   event_plan(&part_a_plans[sb->bytes], part_a_sql_format,
+							   outbox_prepare_bytes_plan(&part_a_plans[sb->bytes], part_a_sql_format,
 										  sb->bytes, 5, types),
 							   args, NULL, false);
 	}
@@ -259,7 +245,7 @@ outbox_snapshot_open(OutboxSnapshotBatch *sb, int limit, bool *part_b)
 	args[2] = Int64GetDatum(Max(sb->from, sb->prev_floor));
 	args[3] = Int32GetDatum(limit);
 	return SPI_cursor_open(NULL,
-						   event_plan(&part_b_plans[sb->bytes], part_b_sql_format,
+						   outbox_prepare_bytes_plan(&part_b_plans[sb->bytes], part_b_sql_format,
 									  sb->bytes, 4, types),
 						   args, NULL, false);
 }

@@ -25,9 +25,6 @@ typedef struct OutboxSnapshotBatch
 
 extern bool outbox_snapshot_schema(Oid events_relid);
 extern bool outbox_bytes_schema(Oid events_relid);
-
-/* the claims' COL_PAYLOAD_BYTES (message.h): the column from schema 1.6 on */
-#define BYTES_COLUMN(bytes)	((bytes) ? "e.payload_bytes" : "NULL::bytea")
 extern bool outbox_rows_due(void);
 extern bool outbox_snapshot_events_exist(void);
 extern void outbox_snapshot_adopt(void);
