@@ -37,6 +37,9 @@ OBJS = \
 	src/row_message.o \
 	src/mark.o \
 	src/snapshot.o \
+	src/exactly_once.o \
+	src/progress_log.o \
+	src/txn.o \
 	src/retention.o \
 	src/vacuum.o \
 	src/relay_xact.o \

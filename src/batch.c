@@ -21,6 +21,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "exactly_once.h"
 #include "mark.h"
 #include "message.h"
 #include "relay.h"
@@ -136,6 +137,12 @@ static void wait_for_reports(OutboxProducer *producer,
 static void mark_batch(OutboxProducer *producer, BatchEntry *entries, int n,
 					   bool dead_letters, bool by_snapshot,
 					   OutboxBatchResult *result);
+static void end_rows_transaction(OutboxProducer *producer, Batch *batch,
+								 OutboxBatchResult *result);
+static bool all_acknowledged(OutboxProducer *producer, Batch *batch);
+static void end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
+									 OutboxSnapshotBatch *sb,
+									 OutboxBatchResult *result);
 
 /*
  * outbox_relay_batch
@@ -223,7 +230,8 @@ begin_batch(OutboxProducer *producer, Batch *batch)
 	batch->no_isolation = false;
 	batch->cxt = CurrentMemoryContext;
 	batch->held = NULL;
-	outbox_producer_begin_batch(producer, outbox_batch_size);
+	/* one more: exactly_once adds the progress record */
+	outbox_producer_begin_batch(producer, outbox_batch_size + 1);
 }
 
 /*
@@ -326,17 +334,64 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
 												 "outbox relay row",
 												 ALLOCSET_DEFAULT_SIZES);
 
+	bool		eos = producer->transactional_id != NULL;
+
+	if (eos && !outbox_eos_begin(producer, result))
+		return;
 	(void) outbox_fetch_and_produce(producer, batch, portal, rowcxt);
 	result->claimed = batch->n;
 	rows_claimed_nothing = (batch->n == 0);
 
 	if (batch->n > 0)
-	{
 		wait_for_reports(producer, result);
+	if (eos)
+		end_rows_transaction(producer, batch, result);
+	if (batch->n > 0)
 		mark_batch(producer, batch->entries, batch->n, dead_letters, false,
 				   result);
-	}
 	result->fatal = producer->fatal;
+}
+
+/*
+ * exactly_once: commit the claimed rows' transaction with their ids as the
+ * progress record if Kafka acknowledged every one of them; else abort it,
+ * and let mark_batch() record only the failures.
+ */
+static void
+end_rows_transaction(OutboxProducer *producer, Batch *batch,
+					 OutboxBatchResult *result)
+{
+	if (batch->n == 0)
+		outbox_eos_abort(producer, result);
+	else if (!all_acknowledged(producer, batch) ||
+			 !outbox_eos_commit(producer,
+								outbox_eos_rows_record(batch->entries, batch->n),
+								batch->n, result))
+	{
+		if (!result->aborted)
+			outbox_eos_abort(producer, result);
+		outbox_eos_forget_acknowledged(producer, batch->n);
+	}
+	if (batch->n == 0)
+		result->aborted = false;
+}
+
+/*
+ * True if Kafka acknowledged every event of the batch, so that its
+ * transaction may be committed.
+ */
+static bool
+all_acknowledged(OutboxProducer *producer, Batch *batch)
+{
+	if (producer->fatal)
+		return false;
+	for (int i = 0; i < batch->n; i++)
+	{
+		if (!batch->entries[i].produced || !producer->deliveries[i].reported ||
+			producer->deliveries[i].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+			return false;
+	}
+	return true;
 }
 
 /*
@@ -360,6 +415,12 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 	sb.bytes = bytes;
 	batch->held = outbox_snapshot_held();
 	HOLD_INTERRUPTS();
+	if (producer->transactional_id != NULL &&
+		!outbox_eos_begin(producer, result))
+	{
+		RESUME_INTERRUPTS();
+		return;
+	}
 	produce_snapshot_chunks(producer, batch, &sb);
 	result->claimed = batch->n;
 
@@ -368,16 +429,80 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 	verdicts = snapshot_verdicts(producer, batch, demote, &ndemote);
 	if (verdicts < batch->n)
 		sb.exhausted = false;
-	if (verdicts > 0)
+	if (producer->transactional_id != NULL)
+		end_snapshot_transaction(producer, batch, &sb, result);
+	else
 	{
-		outbox_snapshot_demote(demote, ndemote);
-		mark_batch(producer, batch->entries, verdicts, true, true, result);
-		sb.from = batch->entries[verdicts - 1].id;
+		if (verdicts > 0)
+		{
+			outbox_snapshot_demote(demote, ndemote);
+			mark_batch(producer, batch->entries, verdicts, true, true, result);
+			sb.from = batch->entries[verdicts - 1].id;
+		}
+		if (verdicts > 0 || sb.exhausted)
+			outbox_snapshot_save(&sb);
 	}
-	if (verdicts > 0 || sb.exhausted)
-		outbox_snapshot_save(&sb);
 	result->fatal = producer->fatal;
 	RESUME_INTERRUPTS();
+}
+
+/*
+ * exactly_once: commit the snapshot batch's transaction with its progress
+ * record if Kafka acknowledged every event, then record the progress in
+ * the database.  Else abort it; the events refused for good, and those
+ * held back behind a row-tracked event, are handed over to row tracking
+ * (which sends them again, alone, and records their failures), and the
+ * progress stays where it was.  A batch without events writes nothing to
+ * Kafka: the database's progress may then move ahead of the last record,
+ * which the start allows (exactly_once.c).
+ */
+static void
+end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
+						 OutboxSnapshotBatch *sb, OutboxBatchResult *result)
+{
+	Datum	   *demote;
+	int			ndemote = 0;
+
+	if (batch->n == 0)
+	{
+		outbox_eos_abort(producer, result);
+		result->aborted = false;
+		if (sb->exhausted)
+			outbox_snapshot_save(sb);
+		return;
+	}
+	if (all_acknowledged(producer, batch))
+	{
+		sb->from = batch->entries[batch->n - 1].id;
+		if (outbox_eos_commit(producer, outbox_eos_snapshot_record(sb, batch->n),
+							  batch->n, result))
+		{
+			mark_batch(producer, batch->entries, batch->n, true, true, result);
+			outbox_snapshot_save(sb);
+		}
+		return;
+	}
+	outbox_eos_abort(producer, result);
+	demote = palloc(sizeof(Datum) * batch->n);
+	for (int i = 0; i < batch->n; i++)
+	{
+		BatchEntry *e = &batch->entries[i];
+		OutboxDelivery *d = &producer->deliveries[i];
+
+		if (!e->held_back && !outbox_delivery_failed(e, d))
+			continue;
+		if (!e->held_back && result->first_error == NULL)
+			result->first_error = MemoryContextStrdup(result->cxt,
+													  e->produced ? rd_kafka_err2str(d->err) : e->error_text);
+		if (e->held_back ||
+			outbox_kafka_error_is_permanent(e->produced ? d->err : e->error))
+			demote[ndemote++] = Int64GetDatum(e->id);
+		else
+			result->failed_transient++;
+	}
+	/* handed over without a mark: row tracking counts their failures */
+	if (ndemote > 0)
+		outbox_snapshot_demote(demote, ndemote);
 }
 
 /*

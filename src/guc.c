@@ -50,6 +50,8 @@ int			outbox_retry_backoff_max = 30000;
 int			outbox_max_attempts = 10;
 int			outbox_on_failed_event = OUTBOX_ON_FAILED_HOLD;
 int			outbox_relay_mode = OUTBOX_RELAY_SNAPSHOT;
+int			outbox_delivery = OUTBOX_DELIVERY_AT_LEAST_ONCE;
+char	   *outbox_progress_topic = NULL;
 char	   *outbox_allowed_topics = NULL;
 char	   *outbox_role = NULL;
 int			outbox_message_format = OUTBOX_FORMAT_DEBEZIUM;
@@ -73,7 +75,14 @@ static const struct config_enum_entry relay_mode_options[] = {
 	{NULL, 0, false}
 };
 
+static const struct config_enum_entry delivery_options[] = {
+	{"at_least_once", OUTBOX_DELIVERY_AT_LEAST_ONCE, false},
+	{"exactly_once", OUTBOX_DELIVERY_EXACTLY_ONCE, false},
+	{NULL, 0, false}
+};
+
 static bool check_topic_prefix(char **newval, void **extra, GucSource source);
+static bool check_progress_topic(char **newval, void **extra, GucSource source);
 static bool check_message_format(char **newval, void **extra, GucSource source);
 static void assign_message_format(const char *newval, void *extra);
 static bool check_ce_source(char **newval, void **extra, GucSource source);
@@ -242,6 +251,25 @@ outbox_define_gucs(void)
 							 0,
 							 NULL, NULL, NULL);
 
+	DefineCustomEnumVariable("outbox.delivery",
+							 "What a crash of the relay, Postgres or a broker may cost consumers.",
+							 "at_least_once: an event may be sent again, consumers drop it by its id header; exactly_once: each batch is one Kafka transaction with the relay's progress, and read_committed consumers see each event once.",
+							 &outbox_delivery,
+							 OUTBOX_DELIVERY_AT_LEAST_ONCE,
+							 delivery_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.progress_topic",
+							   "Topic of the relay's progress records with outbox.delivery = exactly_once.",
+							   "One partition, cleanup.policy = compact; created by the relay when missing. Shared by every relay of the Kafka cluster, keyed by transactional.id.",
+							   &outbox_progress_topic,
+							   "_outbox_progress",
+							   PGC_SIGHUP,
+							   0,
+							   check_progress_topic, NULL, NULL);
+
 	DefineCustomStringVariable("outbox.allowed_topics",
 							   "Topics outbox.emit() and outbox.capture() accept, comma-separated.",
 							   "An entry ending in * allows every topic that starts with the rest. Empty allows every topic.",
@@ -347,6 +375,25 @@ static void
 assign_ce_source(const char *newval, void *extra)
 {
 	outbox_clear_refusal(OUTBOX_REFUSABLE_CE_SOURCE);
+}
+
+/*
+ * outbox.progress_topic must be a legal, non-empty topic name.
+ */
+static bool
+check_progress_topic(char **newval, void **extra, GucSource source)
+{
+	size_t		len = strlen(*newval);
+
+	if (len == 0 || len > OUTBOX_TOPIC_MAX_LEN ||
+		!outbox_topic_chars_are_legal(*newval, len) ||
+		strcmp(*newval, ".") == 0 || strcmp(*newval, "..") == 0)
+	{
+		GUC_check_errdetail("A topic name has 1 to %d ASCII letters, digits, '.', '_' and '-', and is not \".\" or \"..\".",
+							OUTBOX_TOPIC_MAX_LEN);
+		return false;
+	}
+	return true;
 }
 
 /*

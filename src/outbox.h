@@ -76,6 +76,8 @@ extern int	outbox_retry_backoff_max;	/* ms: cap of the per-event backoff */
 extern int	outbox_max_attempts;		/* permanent failures before "failed" */
 extern int	outbox_on_failed_event;		/* OUTBOX_ON_FAILED_* */
 extern int	outbox_relay_mode;			/* OUTBOX_RELAY_* */
+extern int	outbox_delivery;			/* OUTBOX_DELIVERY_* */
+extern char *outbox_progress_topic;	/* exactly_once: the progress topic */
 extern char *outbox_allowed_topics;	/* topics emit() accepts; '' = all */
 extern char *outbox_role;				/* role the relay runs as; '' = superuser */
 extern const char *outbox_allowed_topic_list;	/* outbox.allowed_topics, parsed */
@@ -91,6 +93,10 @@ extern char *outbox_tracestate;			/* W3C tracestate; '' = none */
 /* outbox.relay_mode: how emit() marks new events for the relay */
 #define OUTBOX_RELAY_ROW		0	/* per-row state (published_at) */
 #define OUTBOX_RELAY_SNAPSHOT	1	/* writing transaction (xid), see snapshot.c */
+
+/* outbox.delivery: what a crash may cost consumers */
+#define OUTBOX_DELIVERY_AT_LEAST_ONCE	0	/* idempotent producer; resends */
+#define OUTBOX_DELIVERY_EXACTLY_ONCE	1	/* Kafka transactions, exactly_once.c */
 
 /* outbox.message_format: the shape of a message */
 #define OUTBOX_FORMAT_DEBEZIUM		0	/* JSON value, id/event_type headers */

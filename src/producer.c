@@ -45,6 +45,8 @@
 StaticAssertDecl(SIZEOF_VOID_P >= 8,
 				 "delivery opaques pack a generation and an index into a pointer");
 
+static bool set_transactional(rd_kafka_conf_t *conf, const char *transactional_id,
+							  char **error);
 static bool open_wakeup_pipe(OutboxProducer *producer);
 static bool serve_until_reported(OutboxProducer *producer, int timeout_ms);
 static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg,
@@ -64,7 +66,7 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
  * outbox_producer_destroy().  Never call this in the postmaster.
  */
 OutboxProducer *
-outbox_producer_create(char **error)
+outbox_producer_create(const char *transactional_id, char **error)
 {
 	OutboxProducer *producer;
 	rd_kafka_conf_t *conf;
@@ -75,6 +77,11 @@ outbox_producer_create(char **error)
 								 outbox_kafka_properties, error);
 	if (conf == NULL)
 		return NULL;
+	if (transactional_id != NULL && !set_transactional(conf, transactional_id, error))
+	{
+		rd_kafka_conf_destroy(conf);
+		return NULL;
+	}
 
 	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(OutboxProducer));
 	producer->wakeup_fd[0] = producer->wakeup_fd[1] = -1;
@@ -107,6 +114,13 @@ outbox_producer_create(char **error)
 	producer->kafka_properties = MemoryContextStrdup(TopMemoryContext,
 													 outbox_kafka_properties);
 	producer->delivery_timeout = outbox_delivery_timeout;
+	if (transactional_id != NULL)
+	{
+		producer->transactional_id = MemoryContextStrdup(TopMemoryContext,
+														 transactional_id);
+		producer->progress_topic = MemoryContextStrdup(TopMemoryContext,
+													   outbox_progress_topic);
+	}
 	return producer;
 }
 
@@ -115,6 +129,30 @@ outbox_producer_create(char **error)
  * its main queue; the worker waits on producer->wakeup_fd[0].  False, with
  * errno set, when the pipe cannot be made.
  */
+/*
+ * outbox.delivery = exactly_once: a transactional producer.  A transaction
+ * that fails is aborted as a whole and sent again, so the gapless
+ * guarantee (kafka_config.c), which stops the producer for good at the
+ * first refused message, is not needed: it is turned off, and a refused
+ * event costs an abort, not a new producer.
+ */
+static bool
+set_transactional(rd_kafka_conf_t *conf, const char *transactional_id,
+				  char **error)
+{
+	char		errstr[256];
+
+	if (rd_kafka_conf_set(conf, "transactional.id", transactional_id,
+						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		rd_kafka_conf_set(conf, "enable.gapless.guarantee", "false",
+						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+	{
+		*error = psprintf("could not make the producer transactional: %s", errstr);
+		return false;
+	}
+	return true;
+}
+
 static bool
 open_wakeup_pipe(OutboxProducer *producer)
 {
@@ -167,6 +205,10 @@ outbox_producer_destroy(OutboxProducer *producer)
 		pfree(producer->bootstrap_servers);
 	if (producer->kafka_properties)
 		pfree(producer->kafka_properties);
+	if (producer->transactional_id)
+		pfree(producer->transactional_id);
+	if (producer->progress_topic)
+		pfree(producer->progress_topic);
 	pfree(producer);
 }
 
@@ -179,6 +221,11 @@ outbox_producer_destroy(OutboxProducer *producer)
 bool
 outbox_producer_settings_changed(OutboxProducer *producer)
 {
+	bool		transactional = outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE;
+
+	if ((producer->transactional_id != NULL) != transactional ||
+		(transactional && strcmp(producer->progress_topic, outbox_progress_topic) != 0))
+		return true;
 	return strcmp(producer->bootstrap_servers, outbox_bootstrap_servers) != 0 ||
 		strcmp(producer->kafka_properties, outbox_kafka_properties) != 0 ||
 		producer->delivery_timeout != outbox_delivery_timeout;

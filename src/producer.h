@@ -54,6 +54,8 @@ typedef struct OutboxProducer
 	char	   *bootstrap_servers;
 	char	   *kafka_properties;
 	int			delivery_timeout;
+	char	   *transactional_id;	/* exactly_once: transactional.id, else NULL */
+	char	   *progress_topic;	/* exactly_once: outbox.progress_topic */
 
 	/* the batch in flight: deliveries are indexed by position in batch */
 	uint32		generation;
@@ -74,7 +76,8 @@ typedef struct OutboxProducer
 	char		logs[OUTBOX_PRODUCER_LOG_LINES][256];
 } OutboxProducer;
 
-extern OutboxProducer *outbox_producer_create(char **error);
+extern OutboxProducer *outbox_producer_create(const char *transactional_id,
+											  char **error);
 extern void outbox_producer_destroy(OutboxProducer *producer);
 extern bool outbox_producer_settings_changed(OutboxProducer *producer);
 extern void outbox_producer_begin_batch(OutboxProducer *producer, int capacity);

@@ -196,6 +196,8 @@ outbox_snapshot_begin(OutboxSnapshotBatch *sb)
 		sb->cur = v;
 		sb->cur_floor = pg_strtoint64(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4));
 		sb->from = pg_strtoint64(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 5));
+		sb->continued = true;
+		sb->first_from = sb->from;
 		return;
 	}
 

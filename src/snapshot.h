@@ -21,6 +21,9 @@ typedef struct OutboxSnapshotBatch
 	bool		part_a_done;	/* part A returned its last rows */
 	bool		exhausted;		/* part B returned its last rows */
 	bool		bytes;			/* outbox.events has payload_bytes (1.6) */
+	bool		continued;		/* cur came from relay_progress: the batch
+								 * was begun by an earlier transaction */
+	int64		first_from;		/* from, as read (exactly_once records it) */
 } OutboxSnapshotBatch;
 
 extern bool outbox_snapshot_schema(Oid events_relid);

@@ -22,6 +22,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "exactly_once.h"
 #include "connect.h"
 #include "relay.h"
 #include "retention.h"
@@ -67,6 +68,7 @@ static void report_batch(const OutboxBatchResult *result);
 static long rebuild_failed_producer(void);
 static void update_broker_state(const OutboxBatchResult *result);
 static bool ensure_producer(void);
+static bool start_transactions(char **error);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
 static bool extension_installed(void);
@@ -273,8 +275,17 @@ recover_from_error(void)
 	if (outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
 		outbox_enter_state(OUTBOX_STATE_ERROR, NULL);
 
-	/* what the failed step left in librdkafka is not ours any more */
-	if (producer != NULL)
+	/*
+	 * What the failed step left in librdkafka is not ours any more.  With
+	 * exactly_once the step may have failed after Kafka committed: a new
+	 * producer reads the progress back before anything is sent.
+	 */
+	if (producer != NULL && producer->transactional_id != NULL)
+	{
+		outbox_producer_destroy(producer);
+		producer = NULL;
+	}
+	else if (producer != NULL)
 		outbox_producer_abort_batch(producer);
 
 	RESUME_INTERRUPTS();
@@ -483,7 +494,12 @@ ensure_producer(void)
 
 	error = outbox_config_refusal();
 	if (error == NULL)
-		producer = outbox_producer_create(&error);
+		producer = outbox_producer_create(outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE ?
+										  outbox_eos_transactional_id() : NULL,
+										  &error);
+	if (producer != NULL && producer->transactional_id != NULL &&
+		!start_transactions(&error))
+		return false;
 	if (producer != NULL)
 	{
 		if (last_config_error != NULL)
@@ -505,6 +521,49 @@ ensure_producer(void)
 		last_config_error = MemoryContextStrdup(TopMemoryContext, error);
 	}
 	outbox_status_set_error(error);
+	outbox_enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
+	return false;
+}
+
+/*
+ * exactly_once: initialize the new producer's transactions and read the
+ * progress back (exactly_once.c).  When Kafka does not answer, the relay is
+ * broker_down and tries again after the poll interval; a refusal (progress
+ * topic with several partitions or deletion retention, transactions not
+ * allowed) is a config_error, logged once until it changes, like a bad
+ * setting.
+ */
+static bool
+start_transactions(char **error)
+{
+	OutboxEosStart start = outbox_eos_start(producer, error);
+
+	if (start == OUTBOX_EOS_READY)
+	{
+		ereport(LOG,
+				(errmsg("outbox relay: exactly-once delivery ready, transactional.id \"%s\", progress topic \"%s\"",
+						producer->transactional_id, producer->progress_topic)));
+		return true;
+	}
+	outbox_producer_destroy(producer);
+	producer = NULL;
+	if (start == OUTBOX_EOS_UNAVAILABLE)
+	{
+		outbox_status_set_error(*error);
+		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, *error);
+		return false;
+	}
+	if (last_config_error == NULL || strcmp(last_config_error, *error) != 0)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox relay cannot deliver exactly once: %s", *error),
+				 errhint("Fix the progress topic or outbox.progress_topic, or set outbox.delivery = at_least_once, and reload the configuration.")));
+		if (last_config_error != NULL)
+			pfree(last_config_error);
+		last_config_error = MemoryContextStrdup(TopMemoryContext, *error);
+	}
+	outbox_status_set_error(*error);
 	outbox_enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
 	return false;
 }

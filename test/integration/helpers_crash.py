@@ -197,7 +197,7 @@ class EmitLoad:
 class LightReader:
     """A consumer in a fresh group reading topics from the beginning, polled in the background."""
 
-    def __init__(self, env: Env, topics: List[str]):
+    def __init__(self, env: Env, topics: List[str], config: Optional[dict] = None):
         self.topics = list(topics)
         self.rows: List[Tuple[str, int, int, Optional[str], Optional[str]]] = []
         self.times: List[float] = []    # time.monotonic() each row was read, in rows' order
@@ -215,6 +215,7 @@ class LightReader:
             "session.timeout.ms": 30000,
             "fetch.wait.max.ms": 50,
             "topic.metadata.refresh.interval.ms": 2000,
+            **(config or {}),
         })
         self.consumer.subscribe(self.topics, on_assign=self._on_assign)
         self._thread = threading.Thread(target=self._run, daemon=True, name="light-reader")

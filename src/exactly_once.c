@@ -1,0 +1,415 @@
+/*-------------------------------------------------------------------------
+ *
+ * exactly_once.c
+ *	  outbox.delivery = exactly_once: each relay transaction is one Kafka
+ *	  transaction that also carries a progress record, and after any
+ *	  crash the relay reads the last committed record back before it sends
+ *	  anything.
+ *
+ * Why this is exactly-once for read_committed consumers:
+ *	- A batch's events and its progress record are committed to Kafka
+ *	  together, or aborted together (consumers never see aborted ones).
+ *	- The database records the same progress only after the Kafka commit.
+ *	  The one window left is a crash between the two commits: Kafka has the
+ *	  batch, the database does not know.  The record tells: it holds the
+ *	  database's progress before the batch ("before") and after it
+ *	  ("after"), or, for events tracked row by row, their ids.
+ *	- On start (and after any error or fatal producer error, which rebuilds
+ *	  the producer) the relay calls rd_kafka_init_transactions(), which
+ *	  aborts what an earlier incarnation left open and fences it; commits a
+ *	  sentinel and reads the progress topic back to it (progress_log.c); and
+ *	  if the database still has "before", records "after" (or marks the
+ *	  rows published) in the database.  Then it goes on, and the next batch
+ *	  starts exactly where the committed one ended.
+ *	- A database that is ahead of the record (batches without events are
+ *	  not written to Kafka, or a stretch of at_least_once) is left as it is.
+ *	  One that is neither "before", "after" nor ahead (restored from a
+ *	  backup, say) is left too, with a WARNING: events after its progress
+ *	  may be sent again, never skipped.
+ *
+ * The transactional.id is "outbox-<system identifier>-<database oid>": the
+ * same after a restart, and on a promoted standby, so that an old primary
+ * that still runs is fenced at its next Kafka call.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "exactly_once.h"
+#include "progress_log.h"
+#include "relay_xact.h"
+#include "txn.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include "access/xlog.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "commands/dbcommands.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/timestamp.h"
+
+/* ms the start may wait for each of init, topic check and read-back */
+#define START_TIMEOUT_MS	30000
+/* ms a commit or an abort may take */
+#define COMMIT_TIMEOUT_MS	10000
+
+static const char *const adopt_snapshot_sql =
+"UPDATE outbox.relay_progress AS p"
+"   SET snapshot = (k.a->>0)::pg_catalog.pg_snapshot, id_floor = (k.a->>1)::pg_catalog.int8,"
+"       batch_snapshot = (k.a->>2)::pg_catalog.pg_snapshot,"
+"       batch_id_floor = (k.a->>3)::pg_catalog.int8, batch_last_id = (k.a->>4)::pg_catalog.int8"
+"  FROM (SELECT $1::pg_catalog.jsonb -> 'before' AS b, $1::pg_catalog.jsonb -> 'after' AS a) AS k"
+" WHERE COALESCE(p.snapshot::text, '1:1:') = k.b->>0"
+"   AND p.id_floor = (k.b->>1)::pg_catalog.int8"
+"   AND p.batch_snapshot::text IS NOT DISTINCT FROM k.b->>2"
+"   AND p.batch_id_floor IS NOT DISTINCT FROM (k.b->>3)::pg_catalog.int8"
+"   AND p.batch_last_id IS NOT DISTINCT FROM (k.b->>4)::pg_catalog.int8";
+
+/* is the database's progress the record's "after" (1), ahead of it (2)? */
+static const char *const compare_snapshot_sql =
+"SELECT CASE WHEN COALESCE(p.snapshot::text, '1:1:') = k.a->>0"
+"             AND p.id_floor = (k.a->>1)::pg_catalog.int8"
+"             AND p.batch_snapshot::text IS NOT DISTINCT FROM k.a->>2"
+"             AND p.batch_last_id IS NOT DISTINCT FROM (k.a->>4)::pg_catalog.int8 THEN 1"
+"            WHEN pg_catalog.pg_snapshot_xmax(COALESCE(p.batch_snapshot, p.snapshot, '1:1:'))"
+"                 >= pg_catalog.pg_snapshot_xmax(COALESCE(k.a->>2, k.a->>0)::pg_catalog.pg_snapshot) THEN 2"
+"            ELSE 0 END"
+"  FROM outbox.relay_progress AS p,"
+"       (SELECT $1::pg_catalog.jsonb -> 'after' AS a) AS k";
+
+static const char *const adopt_rows_sql[2] = {
+	"UPDATE outbox.events AS e SET published_at = pg_catalog.now()"
+	"  FROM pg_catalog.jsonb_array_elements_text($1::pg_catalog.jsonb -> 'rows') AS r(id)"
+	" WHERE e.id = r.id::pg_catalog.int8 AND e.published_at IS NULL",
+	/* outbox.retention = 0 */
+	"DELETE FROM outbox.events AS e"
+	" USING pg_catalog.jsonb_array_elements_text($1::pg_catalog.jsonb -> 'rows') AS r(id)"
+	" WHERE e.id = r.id::pg_catalog.int8 AND e.published_at IS NULL"
+};
+
+static void reconcile(const char *record);
+static void reconcile_snapshot(const char *record);
+static void reconcile_rows(const char *record);
+static void append_state(StringInfo buf, const char *snapshot, int64 floor,
+						 bool in_batch, const char *batch_snapshot,
+						 int64 batch_floor, int64 last_id);
+static void append_header(StringInfo buf, const char *kind);
+
+/*
+ * outbox_eos_transactional_id
+ *		"outbox-<system identifier>-<database oid>" (palloc'd).
+ */
+char *
+outbox_eos_transactional_id(void)
+{
+	return psprintf("outbox-" UINT64_FORMAT "-%u", GetSystemIdentifier(),
+					MyDatabaseId);
+}
+
+/*
+ * outbox_eos_start
+ *		Make a new transactional producer ready: initialize transactions,
+ *		check the progress topic (progress_topic_check), read the last
+ *		progress record back and bring the database in line with it
+ *		(reconcile, in a transaction of its own).  *error (palloc'd) says
+ *		why it is not ready.  Raises ERROR if the database statements fail.
+ */
+OutboxEosStart
+outbox_eos_start(OutboxProducer *producer, char **error)
+{
+	OutboxTxnOutcome outcome;
+	bool		unavailable = false;
+	char	   *record = NULL;
+
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: initializing Kafka transactions");
+	outcome = outbox_txn_init(producer, START_TIMEOUT_MS, error);
+	if (outcome == OUTBOX_TXN_FATAL)
+		return OUTBOX_EOS_REFUSED;
+	if (outcome != OUTBOX_TXN_OK)
+		return OUTBOX_EOS_UNAVAILABLE;
+
+	*error = outbox_progress_topic_check(producer, producer->progress_topic,
+										 START_TIMEOUT_MS, &unavailable);
+	if (*error != NULL)
+		return unavailable ? OUTBOX_EOS_UNAVAILABLE : OUTBOX_EOS_REFUSED;
+
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: reading its progress back from Kafka");
+	if (!outbox_progress_read_back(producer, producer->progress_topic,
+								   producer->transactional_id,
+								   START_TIMEOUT_MS, &record, error))
+		return OUTBOX_EOS_UNAVAILABLE;
+	pgstat_report_activity(STATE_IDLE, NULL);
+	if (record != NULL)
+		reconcile(record);
+	return OUTBOX_EOS_READY;
+}
+
+/*
+ * Bring the database in line with the last committed progress record.
+ */
+static void
+reconcile(const char *record)
+{
+	MemoryContext callercxt = outbox_relay_xact_begin("outbox relay: reconciling its progress with Kafka");
+
+	if (OidIsValid(outbox_lock_events_table()))
+	{
+		if (strncmp(record, "{\"kind\": \"snapshot\"", 19) == 0)
+			reconcile_snapshot(record);
+		else if (strncmp(record, "{\"kind\": \"rows\"", 15) == 0)
+			reconcile_rows(record);
+		else
+			ereport(WARNING,
+					(errmsg("outbox relay: the last record under its transactional.id in the progress topic is not a progress record; ignored"),
+					 errdetail("Record: %.200s", record)));
+	}
+	outbox_relay_xact_end(callercxt, false);
+}
+
+static void
+reconcile_snapshot(const char *record)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1] = {CStringGetTextDatum(record)};
+	char	   *verdict;
+
+	if (SPI_execute_with_args(adopt_snapshot_sql, 1, types, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: could not record the progress read back from Kafka");
+	if (SPI_processed == 1)
+	{
+		ereport(LOG,
+				(errmsg("outbox relay: the last batch was committed to Kafka but not recorded in the database; recorded it now"),
+				 errdetail("Nothing of it is sent again (outbox.delivery = exactly_once).")));
+		return;
+	}
+	if (SPI_execute_with_args(compare_snapshot_sql, 1, types, args, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "outbox: outbox.relay_progress does not have one row");
+	verdict = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	if (strcmp(verdict, "0") == 0)
+		ereport(WARNING,
+				(errmsg("outbox relay: the database's progress is behind the last progress record in Kafka, and not where that batch began"),
+				 errdetail("The database may have been restored from a backup. The relay goes on from the database's progress: events after it may be sent again, none is skipped."),
+				 errhint("Record: %.300s", record)));
+	else
+		elog(DEBUG1, "outbox relay: progress in Kafka and in the database agree (%s)", verdict);
+}
+
+static void
+reconcile_rows(const char *record)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1] = {CStringGetTextDatum(record)};
+	int			ret;
+
+	ret = SPI_execute_with_args(adopt_rows_sql[outbox_retention == 0], 1, types, args,
+								NULL, false, 0);
+	if (ret != SPI_OK_UPDATE && ret != SPI_OK_DELETE)
+		elog(ERROR, "outbox: could not mark the events read back from Kafka published");
+	if (SPI_processed > 0)
+		ereport(LOG,
+				(errmsg("outbox relay: %llu event(s) were committed to Kafka but not marked published; marked them now",
+						(unsigned long long) SPI_processed),
+				 errdetail("None of them is sent again (outbox.delivery = exactly_once).")));
+}
+
+/*
+ * outbox_eos_begin
+ *		rd_kafka_begin_transaction() for a batch.  False (result->aborted
+ *		set, or result->fatal) when the batch must not be produced.
+ */
+bool
+outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result)
+{
+	char	   *error;
+
+	if (outbox_txn_begin(producer, &error) == OUTBOX_TXN_OK)
+		return true;
+	result->aborted = true;
+	result->fatal = producer->fatal = true;
+	result->first_error = MemoryContextStrdup(result->cxt, error);
+	return false;
+}
+
+/*
+ * outbox_eos_snapshot_record
+ *		The progress record of a snapshot batch (snapshot.c) whose first
+ *		nevents events Kafka acknowledged: relay_progress as sb found it
+ *		("before") and as outbox_snapshot_save() will leave it ("after").
+ *		JSON text, palloc'd.
+ */
+char *
+outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, int nevents)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	append_header(&buf, "snapshot");
+	appendStringInfo(&buf, ", \"events\": %d, \"before\": ", nevents);
+	append_state(&buf, sb->prev, sb->prev_floor, sb->continued, sb->cur,
+				 sb->cur_floor, sb->first_from);
+	appendStringInfoString(&buf, ", \"after\": ");
+	if (sb->exhausted)
+		append_state(&buf, sb->cur, sb->cur_floor, false, NULL, 0, 0);
+	else
+		append_state(&buf, sb->prev, sb->prev_floor, true, sb->cur,
+					 sb->cur_floor, sb->from);
+	appendStringInfoChar(&buf, '}');
+	return buf.data;
+}
+
+/*
+ * outbox_eos_rows_record
+ *		The progress record of a batch of row-tracked events: their ids.
+ */
+char *
+outbox_eos_rows_record(const BatchEntry *entries, int n)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	append_header(&buf, "rows");
+	appendStringInfo(&buf, ", \"events\": %d, \"rows\": [", n);
+	for (int i = 0; i < n; i++)
+		appendStringInfo(&buf, "%s" INT64_FORMAT, i > 0 ? ", " : "", entries[i].id);
+	appendStringInfoString(&buf, "]}");
+	return buf.data;
+}
+
+static void
+append_header(StringInfo buf, const char *kind)
+{
+	char	   *datname = get_database_name(MyDatabaseId);
+
+	appendStringInfo(buf, "{\"kind\": \"%s\", \"database\": ", kind);
+	escape_json(buf, datname ? datname : "");
+	appendStringInfo(buf, ", \"written_at\": \"%s\"",
+					 timestamptz_to_str(GetCurrentTimestamp()));
+}
+
+/* [snapshot, id_floor, batch_snapshot, batch_id_floor, batch_last_id] */
+static void
+append_state(StringInfo buf, const char *snapshot, int64 floor, bool in_batch,
+			 const char *batch_snapshot, int64 batch_floor, int64 last_id)
+{
+	appendStringInfo(buf, "[\"%s\", " INT64_FORMAT ", ", snapshot, floor);
+	if (in_batch)
+		appendStringInfo(buf, "\"%s\", " INT64_FORMAT ", " INT64_FORMAT "]",
+						 batch_snapshot, batch_floor, last_id);
+	else
+		appendStringInfoString(buf, "null, null, null]");
+}
+
+/*
+ * outbox_eos_commit
+ *		Add the progress record to the transaction (deliveries[index]),
+ *		wait for its report and commit.  True if Kafka committed.  Else the
+ *		transaction was aborted (result->aborted), or the producer is to be
+ *		rebuilt (result->fatal), also when it is not known whether the
+ *		commit went through: the rebuild reads the progress back.
+ */
+bool
+outbox_eos_commit(OutboxProducer *producer, const char *record, int index,
+				  OutboxBatchResult *result)
+{
+	OutboxMessage msg;
+	char	   *error = NULL;
+	OutboxTxnOutcome outcome;
+
+	memset(&msg, 0, sizeof(msg));
+	msg.topic = producer->progress_topic;
+	msg.key = producer->transactional_id;
+	msg.key_len = strlen(msg.key);
+	msg.value = record;
+	msg.value_len = strlen(record);
+
+	outbox_eos_crash_point("mid_transaction");
+	if (outbox_producer_send(producer, index, &msg) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+		!outbox_wait_for_deliveries(producer) ||
+		producer->deliveries[index].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		outbox_eos_abort(producer, result);
+		return false;
+	}
+	outcome = outbox_txn_commit(producer, COMMIT_TIMEOUT_MS, &error);
+	if (outcome == OUTBOX_TXN_OK)
+	{
+		outbox_eos_crash_point("after_kafka_commit");
+		return true;
+	}
+	if (result->first_error == NULL)
+		result->first_error = MemoryContextStrdup(result->cxt, error);
+	if (outcome == OUTBOX_TXN_ABORTABLE)
+		outbox_eos_abort(producer, result);
+	else
+		producer->fatal = true;
+	result->aborted = true;
+	result->fatal = producer->fatal;
+	return false;
+}
+
+/*
+ * outbox_eos_abort
+ *		Abort the batch's transaction.  If even that fails, the producer is
+ *		rebuilt (result->fatal): rd_kafka_init_transactions() aborts it.
+ */
+void
+outbox_eos_abort(OutboxProducer *producer, OutboxBatchResult *result)
+{
+	char	   *error = NULL;
+
+	if (!producer->fatal &&
+		outbox_txn_abort(producer, COMMIT_TIMEOUT_MS, &error) != OUTBOX_TXN_OK)
+		producer->fatal = true;
+	if (error != NULL && result->first_error == NULL)
+		result->first_error = MemoryContextStrdup(result->cxt, error);
+	result->aborted = true;
+	result->fatal = producer->fatal;
+}
+
+/*
+ * outbox_eos_forget_acknowledged
+ *		After an abort, what Kafka acknowledged in deliveries[0..n-1] is not
+ *		published: make those events "without a report", so that marking
+ *		(mark.c) leaves them as they were and only records the failures.
+ */
+void
+outbox_eos_forget_acknowledged(OutboxProducer *producer, int n)
+{
+	for (int i = 0; i < n; i++)
+	{
+		OutboxDelivery *d = &producer->deliveries[i];
+
+		if (d->reported && d->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			d->reported = false;
+	}
+}
+
+/*
+ * outbox_eos_crash_point
+ *		A test hook: if the file "outbox_crash_<name>" exists in the data
+ *		directory, remove it and kill this process with SIGKILL, as a crash
+ *		at that moment would (the postmaster then restarts every backend).
+ *		The crash tests use it for the two worst moments: "mid_transaction"
+ *		(events sent, the Kafka transaction open) and "after_kafka_commit"
+ *		(Kafka committed, the database not).  Only the data directory's owner
+ *		can create the file.
+ */
+void
+outbox_eos_crash_point(const char *name)
+{
+	char		path[MAXPGPATH];
+
+	snprintf(path, sizeof(path), "%s/outbox_crash_%s", DataDir, name);
+	if (unlink(path) != 0)
+		return;
+	ereport(LOG,
+			(errmsg("outbox relay: crashing at \"%s\" as asked by the file \"%s\"",
+					name, path)));
+	(void) kill(getpid(), SIGKILL);
+}

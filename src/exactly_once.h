@@ -1,0 +1,34 @@
+/*-------------------------------------------------------------------------
+ *
+ * exactly_once.h
+ *	  outbox.delivery = exactly_once: progress records in Kafka
+ *	  transactions, read back after a crash.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_EXACTLY_ONCE_H
+#define OUTBOX_EXACTLY_ONCE_H
+
+#include "message.h"
+#include "relay.h"
+#include "snapshot.h"
+
+typedef enum OutboxEosStart
+{
+	OUTBOX_EOS_READY,			/* transactions initialized, progress read back */
+	OUTBOX_EOS_UNAVAILABLE,		/* Kafka did not answer: try again later */
+	OUTBOX_EOS_REFUSED			/* a setting or the progress topic is wrong */
+} OutboxEosStart;
+
+extern char *outbox_eos_transactional_id(void);
+extern OutboxEosStart outbox_eos_start(OutboxProducer *producer, char **error);
+extern bool outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result);
+extern char *outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, int nevents);
+extern char *outbox_eos_rows_record(const BatchEntry *entries, int n);
+extern bool outbox_eos_commit(OutboxProducer *producer, const char *record,
+							  int index, OutboxBatchResult *result);
+extern void outbox_eos_abort(OutboxProducer *producer, OutboxBatchResult *result);
+extern void outbox_eos_forget_acknowledged(OutboxProducer *producer, int n);
+extern void outbox_eos_crash_point(const char *name);
+
+#endif							/* OUTBOX_EXACTLY_ONCE_H */

@@ -1,0 +1,253 @@
+"""
+outbox.delivery = exactly_once against the real broker: each relay transaction is one Kafka
+transaction carrying a progress record in the progress topic, read back after any crash.
+
+1. The mode starts (transactional.id outbox-<system id>-<database oid>, progress topic created
+   with 1 partition and cleanup.policy = compact), delivers in order, and refuses a progress topic
+   with several partitions or deletion retention (status config_error, one log line), then
+   recovers when the setting is fixed.
+2. Under 8 sessions of load: a crash injected at the two worst moments (events produced and
+   acknowledged inside an open Kafka transaction; Kafka committed but Postgres not), kill -9 of
+   the relay and of the postmaster, and a zombie producer with the relay's transactional.id.
+   A read_committed consumer sees every committed event exactly once, in per-aggregate order;
+   a read_uncommitted consumer does see the aborted copies (so the first check could fail).
+"""
+import random
+import time
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, query,
+                      query_one, relay_status, report, topic_prefix, wait_relay_ready, wait_until)
+from helpers_crash import (EmitLoad, LightReader, assert_delivered, delivery_check, kill9,
+                           pid_alive, postmaster_pid, set_conf, start_pg_after_crash)
+
+READY_LINE = "exactly-once delivery ready"
+
+
+def transactional_id(conn) -> str:
+    sysid = query_one(conn, "SELECT system_identifier FROM pg_catalog.pg_control_system()")[0]
+    dboid = query_one(conn, "SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()")[0]
+    return f"outbox-{sysid}-{dboid}"
+
+
+def probe(env, conn, topic: str, what: str, timeout: float = 60):
+    """Emit probe events until one arrives on topic (read_committed)."""
+    agg = new_aggregate_type("probe")
+    reader = LightReader(env, [topic])
+    try:
+        deadline = time.monotonic() + timeout
+        while not reader.received_ids():
+            assert time.monotonic() < deadline, f"no probe event arrived within {timeout}s ({what})"
+            query(conn, "SELECT outbox.emit(%s, 'p', 'probe', '{}', NULL, %s)", (agg, topic))
+            time.sleep(0.5)
+    finally:
+        reader.close()
+
+
+@pytest.fixture
+def exactly_once(env, conn):
+    """The relay in exactly_once mode for one test; at_least_once again after it."""
+    watcher = LogWatcher(env)
+    if query_one(conn, "SHOW outbox.delivery")[0] != "exactly_once":
+        set_conf(conn, delivery="exactly_once")
+        wait_until(lambda: any(READY_LINE in line for line in watcher.new_lines()), 90,
+                   "the relay to start exactly-once delivery")
+    yield watcher
+    conn = pg_connect(env)      # the test's connection may have died with the server
+    try:
+        set_conf(conn, delivery=None, progress_topic=None)
+        probe(env, conn, "it.eos.back", "back to at_least_once")
+    finally:
+        conn.close()
+
+
+def test_exactly_once_starts_delivers_and_refuses_bad_progress_topics(env, conn, exactly_once):
+    tid = transactional_id(conn)
+    ready = [line for line in exactly_once.new_lines() if READY_LINE in line]
+    assert f'transactional.id "{tid}"' in ready[-1], ready[-1]
+    assert 'progress topic "_outbox_progress"' in ready[-1], ready[-1]
+
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    md = admin.list_topics("_outbox_progress", timeout=10).topics["_outbox_progress"]
+    assert len(md.partitions) == 1
+    res = ConfigResource(ConfigResource.Type.TOPIC, "_outbox_progress")
+    cfg = list(admin.describe_configs([res]).values())[0].result(10)
+    assert cfg["cleanup.policy"].value == "compact"
+
+    # 600 events over 30 aggregates arrive once each, in order
+    agg_type = new_aggregate_type("eos")
+    topic = f"it.eos.{agg_type}"
+    create_topics(env, [topic])
+    reader = LightReader(env, [topic])
+    reader.wait_assigned()
+    present = {}
+    with conn.cursor() as cur:
+        for seq in range(1, 21):
+            for a in range(30):
+                cur.execute("SELECT outbox.emit(%s, %s, 'e', %s::jsonb, NULL, %s)::text",
+                            (agg_type, f"a{a}", f'{{"seq": {seq}}}', topic))
+                present[cur.fetchone()[0]] = (f"a{a}", seq)
+    reader.wait_for(present, 60, extra=1)
+    rows = reader.snapshot()
+    reader.close()
+    c = delivery_check(rows, present)
+    assert_delivered(c, "exactly_once")
+    assert c.duplicates == 0
+
+    # the progress records: under the transactional.id, the last one names the database's state
+    records = LightReader(env, ["_outbox_progress"])
+    wait_until(lambda: any(r[3] == tid for r in records.snapshot()), 30, "a progress record")
+    keys = {r[3] for r in records.snapshot()}
+    records.close()
+    assert f"{tid}.sentinel" in keys, keys
+
+    # refusals: several partitions, deletion retention; a clear status and one log line each
+    bad = {"it.eos.progress.parts": dict(num_partitions=3, config={"cleanup.policy": "compact"}),
+           "it.eos.progress.delete": dict(num_partitions=1, config={"cleanup.policy": "delete"})}
+    for f in admin.create_topics([NewTopic(t, replication_factor=1, **kw)
+                                  for t, kw in bad.items()]).values():
+        try:
+            f.result(30)
+        except KafkaException as e:
+            assert "already exists" in str(e)
+    for name, want in (("it.eos.progress.parts", "has 3 partitions, not 1"),
+                       ("it.eos.progress.delete", "has cleanup.policy = delete")):
+        watcher = LogWatcher(env)
+        set_conf(conn, progress_topic=name)
+
+        def refused():
+            rows = relay_status(conn)
+            return rows and rows[0]["state"] == "config_error" and want in (rows[0]["last_error"] or "")
+        wait_until(refused, 60, f"the relay to refuse {name}")
+        time.sleep(2)
+        lines = [ln for ln in watcher.new_lines() if "cannot deliver exactly once" in ln]
+        assert len(lines) == 1 and want in lines[0], lines
+        n = query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s", (agg_type,))[0]
+        assert n == 600
+    set_conf(conn, progress_topic=None)
+    wait_relay_ready(env, timeout=60)
+    probe(env, conn, topic, "after the progress topic was fixed")
+    report(f"OUTBOX EXACTLY-ONCE: transactional.id {tid}; 600 events over 30 aggregates arrived "
+           f"once each in order; refused progress topics with 3 partitions and with "
+           f"cleanup.policy = delete (config_error, one log line each)")
+
+
+def crash_point(env, name: str):
+    """Ask the relay to kill itself with SIGKILL at the next moment called name."""
+    open(f"{env.pg_dir}/data/outbox_crash_{name}", "w").close()
+
+
+def test_exactly_once_survives_the_worst_moments_and_a_zombie(env, conn, exactly_once):
+    seed = int(time.time()) % 100000
+    rng = random.Random(seed)
+    agg_type = new_aggregate_type("eoscrash")
+    topic = topic_prefix(conn) + agg_type       # EmitLoad routes by aggregate type
+    create_topics(env, [topic])
+    tid = transactional_id(conn)
+    committed_reader = LightReader(env, [topic])
+    uncommitted_reader = LightReader(env, [topic], {"isolation.level": "read_uncommitted"})
+    load = EmitLoad(env, agg_type, sessions=8, aggregates=64, tag="eo", seed=seed, think_s=0.002)
+    plan = ["mid_transaction", "after_kafka_commit", "relay", "postmaster",
+            "after_kafka_commit", "mid_transaction", "zombie"]
+    timeline, recorded_now = [], 0
+    unknown_exists, unknown_missing = {}, set()
+    zombie_commit_error = None
+    try:
+        committed_reader.wait_assigned()
+        uncommitted_reader.wait_assigned()
+        load.start()
+        load.wait_progress(30, 60, "every session to commit (first)")
+        t0 = time.monotonic()
+        for n, kind in enumerate(plan):
+            load.wait_progress(20, 60, f"every session to commit, before {kind},")
+            time.sleep(rng.uniform(0.2, 1.5))
+            old_relay = wait_relay_ready(env, timeout=90)["pid"]
+            watcher = LogWatcher(env)
+            if kind == "zombie":
+                # a second producer with the relay's transactional.id: it fences the relay, opens
+                # a transaction with an event of its own, and is fenced in turn
+                # (the relay, fenced, starts again within a second or two and fences the zombie:
+                # at its produce, or at its commit)
+                zombie = Producer({"bootstrap.servers": env.bootstrap, "transactional.id": tid})
+                zombie.init_transactions(30)
+                try:
+                    zombie.begin_transaction()
+                    zombie.produce(topic, key=b"eo-0", value=b'{"zombie": true}',
+                                   headers=[("id", b"00000000-0000-0000-0000-00000000dead")])
+                    zombie.flush(10)
+                    wait_until(lambda: "_FENCED" in "\n".join(watcher.new_lines()), 60,
+                               "the relay to be fenced")
+                    time.sleep(2)
+                    zombie.commit_transaction(10)
+                except KafkaException as e:
+                    zombie_commit_error = str(e)
+                log = "\n".join(watcher.new_lines())
+                assert "Kafka producer failed fatally" in log and "_FENCED" in log, log[-3000:]
+                wait_until(lambda: READY_LINE in "\n".join(watcher.new_lines()).split("_FENCED")[-1],
+                           90, "the relay to start again after it was fenced")
+                timeline.append(f"zombie at {time.monotonic() - t0:.1f}s")
+                continue
+            load.close_gate()
+            if kind in ("mid_transaction", "after_kafka_commit"):
+                crash_point(env, kind)
+            elif kind == "relay":
+                kill9(old_relay)
+            else:
+                pm = postmaster_pid(env)
+                kill9(pm)
+                wait_until(lambda: not pid_alive(old_relay), 60, "the orphaned relay to exit")
+                start_pg_after_crash(env)
+            wait_until(load.all_parked, 60, f"every session to lose its connection ({kind})",
+                       interval=0.02)
+            relay = wait_relay_ready(env, timeout=90)
+            assert relay["pid"] != old_relay
+            log = "\n".join(watcher.new_lines())
+            if kind in ("mid_transaction", "after_kafka_commit"):
+                assert f'crashing at "{kind}"' in log, log[-3000:]
+            if kind == "after_kafka_commit":
+                assert "committed to Kafka but not recorded in the database; recorded it now" in log \
+                    or "committed to Kafka but not marked published; marked them now" in log, log[-3000:]
+                recorded_now += 1
+            _, unknown = load.snapshot()
+            mine = {e: v for e, v in unknown.items() if v[2] == load.epoch}
+            c2 = pg_connect(env)
+            try:
+                exist = {r[0] for r in query(c2, "SELECT event_id::text FROM outbox.events"
+                                                 " WHERE event_id = ANY(%s::uuid[])", (list(mine),))}
+            finally:
+                c2.close()
+            for e, v in mine.items():
+                (unknown_exists.__setitem__(e, v[:2]) if e in exist else unknown_missing.add(e))
+            timeline.append(f"{kind} at {time.monotonic() - t0:.1f}s")
+            load.epoch += 1
+            load.open_gate()
+        load.wait_progress(20, 60, "every session to commit, after the last crash,")
+    finally:
+        load.open_gate()
+        load.stop()
+    committed, _ = load.snapshot()
+    assert not load.unexpected_errors, load.unexpected_errors[:10]
+    present = dict(committed)
+    present.update(unknown_exists)
+    committed_reader.wait_for(present, 120, extra=3)
+    uncommitted_reader.wait_for(present, 30, extra=1)
+    rows = committed_reader.snapshot()
+    raw = uncommitted_reader.snapshot()
+    committed_reader.close()
+    uncommitted_reader.close()
+    c = delivery_check(rows, present, unknown_missing)
+    raw_c = delivery_check(raw, present, unknown_missing | {"00000000-0000-0000-0000-00000000dead"})
+    report(f"OUTBOX EXACTLY-ONCE CRASHES (seed {seed}): {', '.join(timeline)}; {len(present)} events "
+           f"committed; read_committed: {c.distinct} distinct, {len(c.lost)} lost, {c.reorderings} "
+           f"reordered, {c.duplicates} duplicates; read_uncommitted saw {raw_c.duplicates} aborted "
+           f"copies; {recorded_now} crash(es) between the Kafka and the Postgres commit recorded "
+           f"from the progress record; zombie's commit: {zombie_commit_error or 'succeeded?!'}")
+    assert_delivered(c, "exactly_once")
+    assert c.duplicates == 0, f"{c.duplicates} duplicates seen by a read_committed consumer"
+    assert "00000000-0000-0000-0000-00000000dead" not in {r[4] for r in rows}, "the zombie's event arrived"
+    assert zombie_commit_error is not None, "the zombie committed its transaction"
+    assert raw_c.duplicates > 0, "the crashes aborted nothing that a read_uncommitted consumer saw"
+    assert recorded_now == 2
