@@ -21,8 +21,10 @@
 #   BENCH_DBZ_POLL_MS       10        Debezium poll.interval.ms in the latency run (its default 500 in the drain)
 #   BENCH_LAT_BATCH_CONSUMER 0        1: section 3 also runs the Python consumer as it was before 2026-12
 #                                     (consume(1000, 0.05)), to show what its batch window costs
-#   BENCH_SECTIONS          1,2a,2b,2c,3,5,6 which sections to run (2a includes section 4; 6 is
-#                                     bench/databases.sh: one backlog over 1, 2, 4 databases)
+#   BENCH_SECTIONS          1,2a,2b,2c,3,5,6,7 which sections to run (2a includes section 4; 6 is
+#                                     bench/databases.sh: one backlog over 1, 2, 4 databases; 7 is
+#                                     bench/load/delivery.py: exactly_once beside at_least_once,
+#                                     drain and latency, BENCH_EOS_EVENTS 500000, BENCH_EOS_RATE 500)
 #   BENCH_DB_EVENTS         1000000   section 6: backlog size; BENCH_DB_CASES "1,2,4" databases
 #   BENCH_STEADY_EVENTS     5000000   section 5: events emitted at a steady rate, relay publishing
 #   BENCH_STEADY_RATE       20000     section 5: events per second (BENCH_STEADY_BATCH per commit)
@@ -73,7 +75,7 @@ die() { printf 'bench: ERROR: %s\n' "$*" >&2; exit 1; }
 # ------------------------------------------------------------------ prerequisites
 command -v pgbench >/dev/null || die "pgbench not found (postgresql-contrib / postgresql-client-15)"
 # Debezium (Java, Maven) only for the sections that run it: 2b, and 3 unless BENCH_LAT_SYSTEMS leaves it out
-SECTIONS=",${BENCH_SECTIONS:-1,2a,2b,2c,3,5,6},"
+SECTIONS=",${BENCH_SECTIONS:-1,2a,2b,2c,3,5,6,7},"
 SECTIONS=${SECTIONS// /}
 NEED_DBZ=0
 if [[ "$SECTIONS" == *",2b,"* ]] || { [[ "$SECTIONS" == *",3,"* ]] && [[ ",${BENCH_LAT_SYSTEMS:-ext,dbz,poller}," == *",dbz,"* ]]; }; then
@@ -135,11 +137,16 @@ OUTBOX_KAFKA_FRESH=1 test/env/kafka.sh start
 OUTBOX_PG_FRESH=1 test/env/pg.sh start
 
 t0=$SECONDS
-# driver.py runs sections 1-5 and writes latest.md; section 6 is a script of its own
-if [[ "${SECTIONS//,6,/,}" != "," ]]; then
-    BENCH_SECTIONS="${SECTIONS:1:-1}" "$PY" "$BENCH_DIR/load/driver.py"
+# driver.py runs sections 1-5 and writes latest.md; sections 6 and 7 are scripts of their own
+DRIVER_SECTIONS=${SECTIONS//,6,/,}
+DRIVER_SECTIONS=${DRIVER_SECTIONS//,7,/,}
+if [[ "$DRIVER_SECTIONS" != "," ]]; then
+    BENCH_SECTIONS="${DRIVER_SECTIONS:1:-1}" "$PY" "$BENCH_DIR/load/driver.py"
 fi
 if [[ "$SECTIONS" == *",6,"* ]]; then
     "$BENCH_DIR/databases.sh"
 fi
-log "finished in $((SECONDS - t0)) s; results in ${BENCH_RESULTS_DIR:-bench/results}/latest.md, latest.json and databases.md"
+if [[ "$SECTIONS" == *",7,"* ]]; then
+    "$PY" "$BENCH_DIR/load/delivery.py"
+fi
+log "finished in $((SECONDS - t0)) s; results in ${BENCH_RESULTS_DIR:-bench/results}/latest.md, latest.json, databases.md and delivery.md"

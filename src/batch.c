@@ -342,6 +342,10 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
 	result->claimed = batch->n;
 	rows_claimed_nothing = (batch->n == 0);
 
+	if (eos && batch->n > 0)
+		(void) outbox_eos_add_record(producer,
+									 outbox_eos_rows_record(batch->entries, batch->n),
+									 batch->n);
 	if (batch->n > 0)
 		wait_for_reports(producer, result);
 	if (eos)
@@ -364,9 +368,7 @@ end_rows_transaction(OutboxProducer *producer, Batch *batch,
 	if (batch->n == 0)
 		outbox_eos_abort(producer, result);
 	else if (!all_acknowledged(producer, batch) ||
-			 !outbox_eos_commit(producer,
-								outbox_eos_rows_record(batch->entries, batch->n),
-								batch->n, result))
+			 !outbox_eos_commit(producer, batch->n, result))
 	{
 		if (!result->aborted)
 			outbox_eos_abort(producer, result);
@@ -424,6 +426,13 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 	produce_snapshot_chunks(producer, batch, &sb);
 	result->claimed = batch->n;
 
+	if (producer->transactional_id != NULL && batch->n > 0)
+	{
+		/* the record says what the database will say if all goes out */
+		sb.from = batch->entries[batch->n - 1].id;
+		(void) outbox_eos_add_record(producer, outbox_eos_snapshot_record(&sb, batch->n),
+									 batch->n);
+	}
 	if (batch->n > 0)
 		wait_for_reports(producer, result);
 	verdicts = snapshot_verdicts(producer, batch, demote, &ndemote);
@@ -473,9 +482,7 @@ end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
 	}
 	if (all_acknowledged(producer, batch))
 	{
-		sb->from = batch->entries[batch->n - 1].id;
-		if (outbox_eos_commit(producer, outbox_eos_snapshot_record(sb, batch->n),
-							  batch->n, result))
+		if (outbox_eos_commit(producer, batch->n, result))
 		{
 			mark_batch(producer, batch->entries, batch->n, true, true, result);
 			outbox_snapshot_save(sb);

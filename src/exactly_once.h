@@ -25,8 +25,10 @@ extern OutboxEosStart outbox_eos_start(OutboxProducer *producer, char **error);
 extern bool outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result);
 extern char *outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, int nevents);
 extern char *outbox_eos_rows_record(const BatchEntry *entries, int n);
-extern bool outbox_eos_commit(OutboxProducer *producer, const char *record,
-							  int index, OutboxBatchResult *result);
+extern bool outbox_eos_add_record(OutboxProducer *producer, const char *record,
+								  int index);
+extern bool outbox_eos_commit(OutboxProducer *producer, int index,
+							  OutboxBatchResult *result);
 extern void outbox_eos_abort(OutboxProducer *producer, OutboxBatchResult *result);
 extern void outbox_eos_forget_acknowledged(OutboxProducer *producer, int n);
 extern void outbox_eos_crash_point(const char *name);

@@ -9,18 +9,24 @@ emit with per-aggregate sequence numbers (at-least-once, the relay's only delive
 3. a broker paused (SIGSTOP) past the producer's request timeout (request.timeout.ms = 5000).
 
 Then every committed event has arrived: 0 lost, 0 reordered per aggregate; duplicates counted.
+
+And with outbox.delivery = exactly_once: Postgres killed (kill -9) 10 times at random moments, the
+leader broker killed, a broker paused past the request timeout: a read_committed consumer sees
+every committed event exactly once (0 duplicates).
 Runs where test/run.sh sets OUTBOX_KAFKA3=1 (one major: the cluster's three JVMs cost a minute).
 """
 import dataclasses
 import os
+import random
 import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import (REPO, new_aggregate_type, query, query_one, report, run_script, topic_prefix,
+from conftest import (REPO, new_aggregate_type, pg_connect, query, query_one, report, run_script, topic_prefix,
                       wait_until, PARTITIONS)
-from helpers_crash import EmitLoad, LightReader, assert_delivered, delivery_check, set_conf
+from helpers_crash import (EmitLoad, LightReader, assert_delivered, delivery_check,
+                           kill_postgres_under_load, set_conf)
 
 pytestmark = pytest.mark.skipif(os.environ.get("OUTBOX_KAFKA3") != "1",
                                 reason="the 3-broker cluster runs on one major (OUTBOX_KAFKA3=1)")
@@ -161,3 +167,72 @@ def test_three_brokers_leader_killed_two_killed_one_paused(env, env3, conn):
            f"nodes ({committed_while_down} events committed and 0 marked published while only one "
            f"was up), then one paused past request.timeout.ms {REQUEST_TIMEOUT_MS}; "
            f"timeline: {'; '.join(timeline)}")
+
+
+POSTGRES_KILLS = 10
+
+
+def test_three_brokers_exactly_once_postgres_killed_ten_times(env, env3, conn):
+    seed = int(time.time()) % 100000
+    rng = random.Random(seed)
+    agg_type = new_aggregate_type("eos3")
+    topic = topic_prefix(conn) + agg_type
+    probe_topic = f"it.probe3.{agg_type}"
+    admin = AdminClient({"bootstrap.servers": env3.bootstrap})
+    for f in admin.create_topics([NewTopic(t, num_partitions=PARTITIONS, replication_factor=3)
+                                  for t in (topic, probe_topic)]).values():
+        f.result(30)
+    old_props = query_one(conn, "SHOW outbox.kafka_properties")[0]
+    reader = LightReader(env3, [topic])
+    load = EmitLoad(env, agg_type, sessions=8, aggregates=64, tag="e3", seed=seed, think_s=0.005)
+    plan = ["postgres"] * POSTGRES_KILLS + ["leader", "pause"]
+    rng.shuffle(plan)
+    timeline, exist = [], {}
+    try:
+        switch_relay(conn, env3, probe_topic, delivery="exactly_once",
+                     kafka_properties=f"request.timeout.ms={REQUEST_TIMEOUT_MS}")
+        reader.wait_assigned()
+        load.start()
+        load.wait_progress(20, 90, "every session to commit")
+        t0 = time.monotonic()
+        for kind in plan:
+            time.sleep(rng.uniform(0.2, 2.5))
+            if kind == "postgres":
+                exist.update(kill_postgres_under_load(env, load))
+            elif kind == "leader":
+                victim, _ = busiest_leader(admin, topic)
+                cluster(env, "kill", str(victim))
+                time.sleep(3)
+                cluster(env, "start-node", str(victim))
+            else:
+                paused, _ = busiest_leader(admin, topic)
+                cluster(env, "pause", str(paused))
+                time.sleep(REQUEST_TIMEOUT_MS / 1000 * 1.4)
+                cluster(env, "resume", str(paused))
+            timeline.append(f"{kind} {time.monotonic() - t0:.0f}s")
+            load.wait_progress(10, 120, f"every session to commit after {kind}")
+        load.stop()
+        committed, unknown = load.snapshot()
+        assert not load.unexpected_errors, load.unexpected_errors[:5]
+        present = dict(committed)
+        present.update(exist)
+        reader.wait_for(present, timeout=180)
+        timeline.append(f"all arrived {time.monotonic() - t0:.0f}s")
+    finally:
+        load.stop()
+        reader.close()
+        c2 = pg_connect(env)
+        try:
+            set_conf(c2, delivery=None)
+            switch_relay(c2, env, f"it.probe1.{agg_type}", kafka_properties=old_props or None)
+        finally:
+            c2.close()
+
+    c = delivery_check(reader.snapshot(), present, set(unknown) - set(exist))
+    report(f"OUTBOX 3 BROKERS EXACTLY-ONCE (seed {seed}): 8 sessions, {len(present)} events committed, "
+           f"{c.distinct} distinct received by a read_committed consumer, {len(c.lost)} lost, "
+           f"{c.reorderings} reordered, {c.duplicates} duplicates; {POSTGRES_KILLS} Postgres kill -9, "
+           f"the leader broker killed, a broker paused past request.timeout.ms; "
+           f"timeline: {', '.join(timeline)}")
+    assert_delivered(c, "3 brokers, exactly_once")
+    assert c.duplicates == 0, f"{c.duplicates} duplicates seen by a read_committed consumer"
