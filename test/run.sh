@@ -58,14 +58,15 @@ fi
 # The core subset for the majors that do not run everything: delivery and rollbacks, settings at
 # start and on reload, restart, kill -9 under load, standby promotion, dump/restore and every
 # upgrade path, secrets and SASL, the snapshot relay (relay_mode = snapshot), the relay's VACUUM,
-# the launcher (relays for several databases), the consumers' formats read by Java clients, a
+# the launcher (relays for several databases), the consumers' formats read by Java clients,
+# exactly-once delivery (test_28; on 16 through the row relay), a
 # 3-broker Kafka cluster (test_27, on the majors in OUTBOX_KAFKA3_MAJORS only: its three JVMs
 # cost about a minute and a half).
 CORE_TESTS=(
     test_01_basic.py test_03_restart.py test_06_config.py test_10_crash.py
     test_16_standby.py test_17_dump_upgrade.py test_21_security.py test_22_sasl.py
     test_23_snapshot.py test_24_vacuum.py test_25_launcher.py test_26_formats.py
-    test_27_replicated.py
+    test_27_replicated.py test_28_exactly_once.py
 )
 
 PY=/usr/bin/python3     # Debian's interpreter: it has psycopg2 and confluent_kafka
