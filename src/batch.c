@@ -21,6 +21,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "claim.h"
 #include "exactly_once.h"
 #include "mark.h"
 #include "message.h"
@@ -37,75 +38,6 @@
 #include "utils/memutils.h"
 
 /*
- * The claim, in three variants (see claim_variant()).
- *
- * An event waits while an earlier failed event of its aggregate cannot be
- * sent yet: it is in its backoff, or (with on_failed_event = hold) marked
- * failed.  A failed event that is due again is claimed with the rest, in id
- * order; produce_row() (message.c) keeps the order within
- * the batch.  The aggregates
- * that are held back come from events_retry_idx, which is empty while all
- * is well; the NOT IN is planned as one hash table per claim.  Its ORDER BY
- * is that index's order, so that with sorts disabled in the worker it is
- * the index used: with stale statistics the planner would otherwise walk
- * the whole backlog in events_pending_idx for it.
- */
-#define CLAIM_SELECT \
-"SELECT e.id, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type," \
-"       e.topic, e.payload, e.headers, e.created_at, e.attempts, %s, e.ctid" \
-"  FROM outbox.events AS e" \
-" WHERE e.published_at IS NULL" \
-"   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= pg_catalog.now())"
-#define CLAIM_NOT_HELD(held) \
-"   AND (e.aggregate_type, e.aggregate_id) NOT IN (" \
-"        SELECT b.aggregate_type, b.aggregate_id FROM outbox.events AS b" \
-"         WHERE b.published_at IS NULL AND b.attempts > 0 AND " held \
-"         ORDER BY b.aggregate_type, b.aggregate_id)"
-#define CLAIM_ORDER \
-" ORDER BY e.id" \
-" LIMIT $1" \
-" FOR UPDATE OF e SKIP LOCKED"
-
-typedef enum ClaimVariant
-{
-	CLAIM_V10,					/* schema 1.0: no dead letters */
-	CLAIM_HOLD,					/* failed events hold their aggregate */
-	CLAIM_SKIP,					/* failed events are passed by */
-	NUM_CLAIM_VARIANTS
-} ClaimVariant;
-
-/*
- * From 1.4 on, only row-tracked events (xid NULL) are claimed, and none
- * above $2: the id floor of the snapshot relay's progress while events
- * tracked by snapshot exist.  A row-tracked event above it may have a
- * snapshot-tracked event of its aggregate before it that is committed but
- * not yet published; it waits until the snapshot batches passed its id.
- */
-static const char *const claim_sql_legacy[NUM_CLAIM_VARIANTS] = {
-	CLAIM_SELECT " AND e.xid IS NULL AND e.id <= $2"
-	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
-	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
-	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
-	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
-	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
-	CLAIM_ORDER
-};
-
-static const char *const claim_sql[NUM_CLAIM_VARIANTS] = {
-	CLAIM_SELECT
-	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
-	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL"
-	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
-	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL"
-	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
-	CLAIM_ORDER
-};
-
-/*
  * The last claim of row-tracked events found nothing it could send (all
  * held back): the next call turns to the snapshot batch, so that held rows
  * never starve it.
@@ -113,16 +45,12 @@ static const char *const claim_sql[NUM_CLAIM_VARIANTS] = {
 static bool rows_claimed_nothing = false;
 
 /* saved plans, prepared on first use in this worker */
-static SPIPlanPtr claim_plans[NUM_CLAIM_VARIANTS];
-static SPIPlanPtr claim_plans_legacy[2][NUM_CLAIM_VARIANTS];	/* [bytes] */
 static SPIPlanPtr paused_plan = NULL;
 
 static void begin_batch(OutboxProducer *producer, Batch *batch);
 static bool relay_is_paused(Oid events_relid);
 static void check_can_delete(Oid events_relid);
-static ClaimVariant claim_variant(Oid relid);
 static bool relay_rows_first(void);
-static Portal open_claim(ClaimVariant variant, bool snapshot_schema, bool bytes);
 static void relay_claimed_rows(OutboxProducer *producer, Batch *batch,
 							   Portal portal, bool dead_letters,
 							   OutboxBatchResult *result);
@@ -186,7 +114,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 		return;
 	}
 	check_can_delete(relid);
-	variant = claim_variant(relid);
+	variant = outbox_claim_variant(relid);
 	snapshot_schema = outbox_snapshot_schema(relid);
 	bytes = outbox_bytes_schema(relid);
 	if (snapshot_schema && !relay_rows_first())
@@ -197,7 +125,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 		outbox_relay_xact_end(callercxt, true);
 		return;
 	}
-	portal = open_claim(variant, snapshot_schema, bytes);
+	portal = outbox_open_claim(variant, snapshot_schema, bytes);
 
 	/*
 	 * From here to the commit, SIGTERM (a fast or smart shutdown, a restart)
@@ -277,19 +205,6 @@ check_can_delete(Oid events_relid)
 }
 
 /*
- * Which claim fits the installed schema and settings.  The schema is
- * detected by its columns, so a new library keeps relaying with the old
- * schema until ALTER EXTENSION outbox UPDATE.
- */
-static ClaimVariant
-claim_variant(Oid relid)
-{
-	if (get_attnum(relid, "failed_at") == InvalidAttrNumber)
-		return CLAIM_V10;
-	return outbox_on_failed_event == OUTBOX_ON_FAILED_SKIP ? CLAIM_SKIP : CLAIM_HOLD;
-}
-
-/*
  * Should this call claim row-tracked events (schema 1.4)?  Yes when one is
  * due, unless the last such claim found nothing it could send.
  */
@@ -300,26 +215,6 @@ relay_rows_first(void)
 
 	rows_claimed_nothing = false;
 	return rows;
-}
-
-/*
- * Open the claim cursor: the variant for the schema and settings, and from
- * 1.4 on the one for row-tracked events below the snapshot progress.
- */
-static Portal
-open_claim(ClaimVariant variant, bool snapshot_schema, bool bytes)
-{
-	Oid			claim_types[2] = {INT4OID, INT8OID};
-	Datum		claim_values[2];
-	SPIPlanPtr	plan = snapshot_schema ?
-		outbox_prepare_bytes_plan(&claim_plans_legacy[bytes][variant],
-								  claim_sql_legacy[variant], bytes, 2, claim_types) :
-		outbox_prepare_bytes_plan(&claim_plans[variant], claim_sql[variant],
-								  false, 1, claim_types);
-
-	claim_values[0] = Int32GetDatum(outbox_batch_size);
-	claim_values[1] = Int64GetDatum(snapshot_schema ? outbox_snapshot_claim_ceiling() : 0);
-	return SPI_cursor_open(NULL, plan, claim_values, NULL, false);
 }
 
 /*
