@@ -16,7 +16,7 @@
 #include "utils/lsyscache.h"
 
 /*
- * The claim, in three variants (see claim_variant()).
+ * The claim, in three variants (see outbox_claim_variant()).
  *
  * An event waits while an earlier failed event of its aggregate cannot be
  * sent yet: it is in its backoff, or (with on_failed_event = hold) marked
