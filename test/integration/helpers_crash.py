@@ -509,18 +509,10 @@ def unpublished_upto(env: Env, aggregate_type: str, max_id: int) -> int:
         conn.close()
 
 
-def kill_postgres_under_load(env: Env, load: EmitLoad) -> Dict[str, str]:
-    """kill -9 of the postmaster while load runs: park the sessions, wait for the orphaned relay
-    to exit, start the server again, and sort the events whose COMMIT raised into those that
-    exist (-> load.unknown_exists, they must arrive) and those that do not (-> load's absent set,
-    they must not).  Returns the unknown-outcome events of this crash that exist."""
-    old_relay = relay_pid(env)
-    load.close_gate()
-    kill9(postmaster_pid(env))
-    wait_until(load.all_parked, 60, "every session to lose its connection", interval=0.02)
-    if old_relay:
-        wait_until(lambda: not pid_alive(old_relay), 60, "the orphaned relay to exit", interval=0.02)
-    start_pg_after_crash(env)
+def sort_unknown(env: Env, load: EmitLoad) -> Tuple[Dict[str, Tuple[str, int]], Set[str]]:
+    """The events of this crash (load.epoch) whose COMMIT raised: (those that exist after the
+    restart -> (aggregate, seq), they must arrive; those that do not, they must not).  Checked
+    long before any retention could delete them."""
     _, unknown = load.snapshot()
     mine = {e: v for e, v in unknown.items() if v[2] == load.epoch}
     conn = pg_connect(env)
@@ -529,6 +521,20 @@ def kill_postgres_under_load(env: Env, load: EmitLoad) -> Dict[str, str]:
                                            " WHERE event_id = ANY(%s::uuid[])", (list(mine),))}
     finally:
         conn.close()
+    return {e: v[:2] for e, v in mine.items() if e in exist}, set(mine) - exist
+
+
+def kill_postgres_under_load(env: Env, load: EmitLoad) -> Tuple[Dict[str, Tuple[str, int]], Set[str]]:
+    """kill -9 of the postmaster while load runs: park the sessions, wait for the orphaned relay
+    to exit, start the server again, let the sessions go on; returns sort_unknown()'s answer."""
+    old_relay = relay_pid(env)
+    load.close_gate()
+    kill9(postmaster_pid(env))
+    wait_until(load.all_parked, 60, "every session to lose its connection", interval=0.02)
+    if old_relay:
+        wait_until(lambda: not pid_alive(old_relay), 60, "the orphaned relay to exit", interval=0.02)
+    start_pg_after_crash(env)
+    exist, missing = sort_unknown(env, load)
     load.epoch += 1
     load.open_gate()
-    return {e: v[:2] for e, v in mine.items() if e in exist}
+    return exist, missing

@@ -13,10 +13,11 @@ re-sends at most the batch in flight (outbox.batch_size).
 import random
 import time
 
-from conftest import (create_topics, new_aggregate_type, pg_connect, query, query_one,
+from conftest import (create_topics, new_aggregate_type, pg_connect, query_one,
                       relay_status, report, wait_relay_ready, wait_until, LogWatcher)
 from helpers_crash import (EmitLoad, LightReader, Watermarks, assert_delivered, delivery_check,
-                           kill9, pid_alive, postmaster_pid, start_pg_after_crash)
+                           kill9, pid_alive, postmaster_pid, sort_unknown,
+                           start_pg_after_crash)
 
 SESSIONS = 8
 AGGREGATES = 64
@@ -91,20 +92,10 @@ def test_crash_under_load(env, prefix):
             assert "outbox relay started for database" in log, log[-3000:]
 
             # which unknown-outcome events of this crash exist (checked long before retention)
-            _, unknown = load.snapshot()
-            mine = {e: v for e, v in unknown.items() if v[2] == load.epoch}
-            conn = pg_connect(env)
-            try:
-                exist = {r[0] for r in query(conn, "SELECT event_id::text FROM outbox.events"
-                                                   " WHERE event_id = ANY(%s::uuid[])", (list(mine),))}
-            finally:
-                conn.close()
-            for e, v in mine.items():
-                if e in exist:
-                    unknown_exists[e] = v[:2]
-                else:
-                    unknown_missing.add(e)
-            info["unknown"] = len(mine)
+            exist, missing = sort_unknown(env, load)
+            unknown_exists.update(exist)
+            unknown_missing |= missing
+            info["unknown"] = len(exist) + len(missing)
             info["unknown_exist"] = len(exist)
             crashes.append(info)
             load.epoch += 1

@@ -49,6 +49,15 @@ def env3(env):
     cluster(env, "reset")
 
 
+def replicated_topics(env3, topics):
+    """Create topics with replication factor 3 on the cluster; returns an admin client."""
+    admin = AdminClient({"bootstrap.servers": env3.bootstrap})
+    for f in admin.create_topics([NewTopic(t, num_partitions=PARTITIONS, replication_factor=3)
+                                  for t in topics]).values():
+        f.result(30)
+    return admin
+
+
 def leaders(admin: AdminClient, topic: str):
     """partition -> leader node id (-1 while it has none)."""
     md = admin.list_topics(topic, timeout=10)
@@ -91,10 +100,7 @@ def test_three_brokers_leader_killed_two_killed_one_paused(env, env3, conn):
     agg_type = new_aggregate_type("kafka3")
     topic = topic_prefix(conn) + agg_type
     probe_topic = f"it.probe3.{agg_type}"
-    admin = AdminClient({"bootstrap.servers": env3.bootstrap})
-    for f in admin.create_topics([NewTopic(t, num_partitions=PARTITIONS, replication_factor=3)
-                                  for t in (topic, probe_topic)]).values():
-        f.result(30)
+    admin = replicated_topics(env3, [topic, probe_topic])
     old_servers = query_one(conn, "SHOW outbox.bootstrap_servers")[0]
     old_props = query_one(conn, "SHOW outbox.kafka_properties")[0]
     reader = LightReader(env3, [topic])
@@ -178,16 +184,13 @@ def test_three_brokers_exactly_once_postgres_killed_ten_times(env, env3, conn):
     agg_type = new_aggregate_type("eos3")
     topic = topic_prefix(conn) + agg_type
     probe_topic = f"it.probe3.{agg_type}"
-    admin = AdminClient({"bootstrap.servers": env3.bootstrap})
-    for f in admin.create_topics([NewTopic(t, num_partitions=PARTITIONS, replication_factor=3)
-                                  for t in (topic, probe_topic)]).values():
-        f.result(30)
+    admin = replicated_topics(env3, [topic, probe_topic])
     old_props = query_one(conn, "SHOW outbox.kafka_properties")[0]
     reader = LightReader(env3, [topic])
     load = EmitLoad(env, agg_type, sessions=8, aggregates=64, tag="e3", seed=seed, think_s=0.005)
     plan = ["postgres"] * POSTGRES_KILLS + ["leader", "pause"]
     rng.shuffle(plan)
-    timeline, exist = [], {}
+    timeline, exist, missing = [], {}, set()
     try:
         switch_relay(conn, env3, probe_topic, delivery="exactly_once",
                      kafka_properties=f"request.timeout.ms={REQUEST_TIMEOUT_MS}")
@@ -198,7 +201,9 @@ def test_three_brokers_exactly_once_postgres_killed_ten_times(env, env3, conn):
         for kind in plan:
             time.sleep(rng.uniform(0.2, 2.5))
             if kind == "postgres":
-                exist.update(kill_postgres_under_load(env, load))
+                e, m = kill_postgres_under_load(env, load)
+                exist.update(e)
+                missing |= m
             elif kind == "leader":
                 victim, _ = busiest_leader(admin, topic)
                 cluster(env, "kill", str(victim))
@@ -212,7 +217,7 @@ def test_three_brokers_exactly_once_postgres_killed_ten_times(env, env3, conn):
             timeline.append(f"{kind} {time.monotonic() - t0:.0f}s")
             load.wait_progress(10, 120, f"every session to commit after {kind}")
         load.stop()
-        committed, unknown = load.snapshot()
+        committed, _ = load.snapshot()
         assert not load.unexpected_errors, load.unexpected_errors[:5]
         present = dict(committed)
         present.update(exist)
@@ -228,7 +233,7 @@ def test_three_brokers_exactly_once_postgres_killed_ten_times(env, env3, conn):
         finally:
             c2.close()
 
-    c = delivery_check(reader.snapshot(), present, set(unknown) - set(exist))
+    c = delivery_check(reader.snapshot(), present, missing)
     report(f"OUTBOX 3 BROKERS EXACTLY-ONCE (seed {seed}): 8 sessions, {len(present)} events committed, "
            f"{c.distinct} distinct received by a read_committed consumer, {len(c.lost)} lost, "
            f"{c.reorderings} reordered, {c.duplicates} duplicates; {POSTGRES_KILLS} Postgres kill -9, "

@@ -22,7 +22,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, query,
                       query_one, relay_status, report, topic_prefix, wait_relay_ready, wait_until)
 from helpers_crash import (EmitLoad, LightReader, assert_delivered, delivery_check, kill9,
-                           pid_alive, postmaster_pid, set_conf, start_pg_after_crash)
+                           pid_alive, postmaster_pid, set_conf, sort_unknown,
+                           start_pg_after_crash)
 
 READY_LINE = "exactly-once delivery ready"
 
@@ -211,16 +212,9 @@ def test_exactly_once_survives_the_worst_moments_and_a_zombie(env, conn, exactly
                 assert "committed to Kafka but not recorded in the database; recorded it now" in log \
                     or "committed to Kafka but not marked published; marked them now" in log, log[-3000:]
                 recorded_now += 1
-            _, unknown = load.snapshot()
-            mine = {e: v for e, v in unknown.items() if v[2] == load.epoch}
-            c2 = pg_connect(env)
-            try:
-                exist = {r[0] for r in query(c2, "SELECT event_id::text FROM outbox.events"
-                                                 " WHERE event_id = ANY(%s::uuid[])", (list(mine),))}
-            finally:
-                c2.close()
-            for e, v in mine.items():
-                (unknown_exists.__setitem__(e, v[:2]) if e in exist else unknown_missing.add(e))
+            exist, missing = sort_unknown(env, load)
+            unknown_exists.update(exist)
+            unknown_missing |= missing
             timeline.append(f"{kind} at {time.monotonic() - t0:.1f}s")
             load.epoch += 1
             load.open_gate()
