@@ -254,28 +254,39 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
 /*
  * exactly_once: commit the claimed rows' transaction with their ids as the
  * progress record if Kafka acknowledged every one of them; else abort it,
- * and let mark_batch() record only the failures.
+ * and let mark_batch() record only the events Kafka refused for good
+ * (outbox_eos_keep_refusals).  An abort over refusals alone is planned: the
+ * broker is not down.
  */
 static void
 end_rows_transaction(OutboxProducer *producer, Batch *batch,
 					 OutboxBatchResult *result)
 {
+	bool		waits_aborted = result->aborted;
+	bool		transient;
+	int			refused;
+
 	if (batch->n == 0)
-		outbox_eos_abort(producer, result);
-	else if (!all_acknowledged(producer, batch) ||
-			 !outbox_eos_commit(producer, batch->n, result))
 	{
-		if (!result->aborted)
-			outbox_eos_abort(producer, result);
-		outbox_eos_forget_acknowledged(producer, batch->n);
-	}
-	if (batch->n == 0)
+		outbox_eos_abort(producer, result);
 		result->aborted = false;
+		return;
+	}
+	if (all_acknowledged(producer, batch) &&
+		outbox_eos_commit(producer, batch->n, result))
+		return;
+	if (!result->aborted)
+		outbox_eos_abort(producer, result);
+	refused = outbox_eos_keep_refusals(producer, batch->entries, batch->n,
+									   &transient);
+	result->aborted = waits_aborted || transient || producer->fatal || refused == 0;
 }
 
 /*
- * True if Kafka acknowledged every event of the batch, so that its
- * transaction may be committed.
+ * True if Kafka acknowledged every event of the batch that was produced,
+ * so that its transaction may be committed.  Events held back (behind a
+ * large or retried event of their aggregate, or a row-tracked one) were
+ * not produced on purpose and are not part of the transaction.
  */
 static bool
 all_acknowledged(OutboxProducer *producer, Batch *batch)
@@ -284,6 +295,8 @@ all_acknowledged(OutboxProducer *producer, Batch *batch)
 		return false;
 	for (int i = 0; i < batch->n; i++)
 	{
+		if (batch->entries[i].held_back)
+			continue;
 		if (!batch->entries[i].produced || !producer->deliveries[i].reported ||
 			producer->deliveries[i].err != RD_KAFKA_RESP_ERR_NO_ERROR)
 			return false;
@@ -325,7 +338,8 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 	{
 		/* the record says what the database will say if all goes out */
 		sb.from = batch->entries[batch->n - 1].id;
-		(void) outbox_eos_add_record(producer, outbox_eos_snapshot_record(&sb, batch->n),
+		(void) outbox_eos_add_record(producer,
+									 outbox_eos_snapshot_record(&sb, batch->entries, batch->n),
 									 batch->n);
 	}
 	if (batch->n > 0)
@@ -364,8 +378,10 @@ static void
 end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
 						 OutboxSnapshotBatch *sb, OutboxBatchResult *result)
 {
-	Datum	   *demote;
+	Datum	   *demote_ids = palloc(sizeof(Datum) * Max(batch->n, 1));
 	int			ndemote = 0;
+	bool		waits_aborted;
+	bool		transient;
 
 	if (batch->n == 0)
 	{
@@ -379,32 +395,36 @@ end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
 	{
 		if (outbox_eos_commit(producer, batch->n, result))
 		{
+			/* the held-back events go to row tracking, as the record says */
+			for (int i = 0; i < batch->n; i++)
+				if (batch->entries[i].held_back)
+					demote_ids[ndemote++] = Int64GetDatum(batch->entries[i].id);
+			outbox_snapshot_demote(demote_ids, ndemote);
 			mark_batch(producer, batch->entries, batch->n, true, true, result);
 			outbox_snapshot_save(sb);
 		}
 		return;
 	}
+	waits_aborted = result->aborted;
 	outbox_eos_abort(producer, result);
-	demote = palloc(sizeof(Datum) * batch->n);
+	(void) outbox_eos_keep_refusals(producer, batch->entries, batch->n,
+									&transient);
 	for (int i = 0; i < batch->n; i++)
 	{
 		BatchEntry *e = &batch->entries[i];
-		OutboxDelivery *d = &producer->deliveries[i];
 
-		if (!e->held_back && !outbox_delivery_failed(e, d))
-			continue;
-		if (!e->held_back && result->first_error == NULL)
-			result->first_error = MemoryContextStrdup(result->cxt,
-													  e->produced ? rd_kafka_err2str(d->err) : e->error_text);
-		if (e->held_back ||
-			outbox_kafka_error_is_permanent(e->produced ? d->err : e->error))
-			demote[ndemote++] = Int64GetDatum(e->id);
-		else
-			result->failed_transient++;
+		if (e->held_back || outbox_delivery_failed(e, &producer->deliveries[i]))
+			demote_ids[ndemote++] = Int64GetDatum(e->id);
+		if (!e->held_back && outbox_delivery_failed(e, &producer->deliveries[i]) &&
+			result->first_error == NULL)
+			result->first_error = MemoryContextStrdup(result->cxt, e->produced ?
+													  rd_kafka_err2str(producer->deliveries[i].err) :
+													  e->error_text);
 	}
+	/* an abort over refusals or held-back events alone is planned */
+	result->aborted = waits_aborted || transient || producer->fatal || ndemote == 0;
 	/* handed over without a mark: row tracking counts their failures */
-	if (ndemote > 0)
-		outbox_snapshot_demote(demote, ndemote);
+	outbox_snapshot_demote(demote_ids, ndemote);
 }
 
 /*

@@ -35,6 +35,7 @@
  */
 #include "outbox.h"
 #include "exactly_once.h"
+#include "mark.h"
 #include "progress_log.h"
 #include "relay_xact.h"
 #include "txn.h"
@@ -70,6 +71,11 @@ static const char *const adopt_snapshot_sql =
 "   AND p.batch_id_floor IS NOT DISTINCT FROM (k.b->>3)::pg_catalog.int8"
 "   AND p.batch_last_id IS NOT DISTINCT FROM (k.b->>4)::pg_catalog.int8";
 
+static const char *const demote_sql =
+"UPDATE outbox.events AS e SET xid = NULL"
+"  FROM pg_catalog.jsonb_array_elements_text($1::pg_catalog.jsonb -> 'demote') AS d(id)"
+" WHERE e.id = d.id::pg_catalog.int8 AND e.xid IS NOT NULL";
+
 /* is the database's progress the record's "after" (1), ahead of it (2)? */
 static const char *const compare_snapshot_sql =
 "SELECT CASE WHEN COALESCE(p.snapshot::text, '1:1:') = k.a->>0"
@@ -82,14 +88,21 @@ static const char *const compare_snapshot_sql =
 "  FROM outbox.relay_progress AS p,"
 "       (SELECT $1::pg_catalog.jsonb -> 'after' AS a) AS k";
 
+/*
+ * Row-tracked events: each as [id, ctid as claimed].  Only a row still in
+ * the version the relay claimed is marked: one marked and then replayed
+ * (outbox.replay() writes a new version) must be sent again.
+ */
 static const char *const adopt_rows_sql[2] = {
 	"UPDATE outbox.events AS e SET published_at = pg_catalog.now()"
-	"  FROM pg_catalog.jsonb_array_elements_text($1::pg_catalog.jsonb -> 'rows') AS r(id)"
-	" WHERE e.id = r.id::pg_catalog.int8 AND e.published_at IS NULL",
+	"  FROM pg_catalog.jsonb_array_elements($1::pg_catalog.jsonb -> 'rows') AS r(v)"
+	" WHERE e.id = (r.v->>0)::pg_catalog.int8 AND e.ctid = (r.v->>1)::pg_catalog.tid"
+	"   AND e.published_at IS NULL",
 	/* outbox.retention = 0 */
 	"DELETE FROM outbox.events AS e"
-	" USING pg_catalog.jsonb_array_elements_text($1::pg_catalog.jsonb -> 'rows') AS r(id)"
-	" WHERE e.id = r.id::pg_catalog.int8 AND e.published_at IS NULL"
+	" USING pg_catalog.jsonb_array_elements($1::pg_catalog.jsonb -> 'rows') AS r(v)"
+	" WHERE e.id = (r.v->>0)::pg_catalog.int8 AND e.ctid = (r.v->>1)::pg_catalog.tid"
+	"   AND e.published_at IS NULL"
 };
 
 static void reconcile(const char *record);
@@ -182,6 +195,9 @@ reconcile_snapshot(const char *record)
 		elog(ERROR, "outbox: could not record the progress read back from Kafka");
 	if (SPI_processed == 1)
 	{
+		/* the batch's held-back events go to row tracking with it */
+		if (SPI_execute_with_args(demote_sql, 1, types, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "outbox: could not hand the held-back events of the progress read back to row tracking");
 		ereport(LOG,
 				(errmsg("outbox relay: the last batch was committed to Kafka but not recorded in the database; recorded it now"),
 				 errdetail("Nothing of it is sent again (outbox.delivery = exactly_once).")));
@@ -238,19 +254,30 @@ outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result)
 
 /*
  * outbox_eos_snapshot_record
- *		The progress record of a snapshot batch (snapshot.c) whose first
- *		nevents events Kafka acknowledged: relay_progress as sb found it
- *		("before") and as outbox_snapshot_save() will leave it ("after").
- *		JSON text, palloc'd.
+ *		The progress record of a snapshot batch (snapshot.c) of nevents
+ *		events: relay_progress as sb found it ("before") and as
+ *		outbox_snapshot_save() will leave it ("after"), and the events held
+ *		back, which go to row tracking with it ("demote").  JSON text,
+ *		palloc'd.
  */
 char *
-outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, int nevents)
+outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb,
+						   const BatchEntry *entries, int nevents)
 {
 	StringInfoData buf;
+	bool		first = true;
 
 	initStringInfo(&buf);
 	append_header(&buf, "snapshot");
-	appendStringInfo(&buf, ", \"events\": %d, \"before\": ", nevents);
+	appendStringInfo(&buf, ", \"events\": %d, \"demote\": [", nevents);
+	for (int i = 0; i < nevents; i++)
+	{
+		if (!entries[i].held_back)
+			continue;
+		appendStringInfo(&buf, "%s" INT64_FORMAT, first ? "" : ", ", entries[i].id);
+		first = false;
+	}
+	appendStringInfoString(&buf, "], \"before\": ");
 	append_state(&buf, sb->prev, sb->prev_floor, sb->continued, sb->cur,
 				 sb->cur_floor, sb->first_from);
 	appendStringInfoString(&buf, ", \"after\": ");
@@ -265,18 +292,28 @@ outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, int nevents)
 
 /*
  * outbox_eos_rows_record
- *		The progress record of a batch of row-tracked events: their ids.
+ *		The progress record of a batch of row-tracked events: their ids and
+ *		the ctids of the row versions claimed.
  */
 char *
 outbox_eos_rows_record(const BatchEntry *entries, int n)
 {
 	StringInfoData buf;
+	bool		first = true;
 
 	initStringInfo(&buf);
 	append_header(&buf, "rows");
 	appendStringInfo(&buf, ", \"events\": %d, \"rows\": [", n);
 	for (int i = 0; i < n; i++)
-		appendStringInfo(&buf, "%s" INT64_FORMAT, i > 0 ? ", " : "", entries[i].id);
+	{
+		if (!entries[i].produced)
+			continue;			/* held back: not in the transaction */
+		appendStringInfo(&buf, "%s[" INT64_FORMAT ", \"(%u,%u)\"]", first ? "" : ", ",
+						 entries[i].id,
+						 ItemPointerGetBlockNumberNoCheck(&entries[i].ctid),
+						 ItemPointerGetOffsetNumberNoCheck(&entries[i].ctid));
+		first = false;
+	}
 	appendStringInfoString(&buf, "]}");
 	return buf.data;
 }
@@ -385,21 +422,47 @@ outbox_eos_abort(OutboxProducer *producer, OutboxBatchResult *result)
 }
 
 /*
- * outbox_eos_forget_acknowledged
- *		After an abort, what Kafka acknowledged in deliveries[0..n-1] is not
- *		published: make those events "without a report", so that marking
- *		(mark.c) leaves them as they were and only records the failures.
+ * outbox_eos_keep_refusals
+ *		After an abort, nothing of entries[0..n-1] (producer->deliveries) is
+ *		published, and only an event that Kafka refused for good (too large,
+ *		say: outbox_kafka_error_is_permanent) failed by itself; the others'
+ *		errors (the transaction's error state, purges, timeouts) belong to the
+ *		batch.  So every report but the permanent refusals is dropped, and
+ *		marking (mark.c) then records only those.  Returns how many remain;
+ *		*transient is set if a timeout or an unreachable broker was among the
+ *		dropped errors (the relay then counts the broker as down).
  */
-void
-outbox_eos_forget_acknowledged(OutboxProducer *producer, int n)
+int
+outbox_eos_keep_refusals(OutboxProducer *producer, BatchEntry *entries, int n,
+						 bool *transient)
 {
+	int			refused = 0;
+
+	*transient = false;
 	for (int i = 0; i < n; i++)
 	{
+		BatchEntry *e = &entries[i];
 		OutboxDelivery *d = &producer->deliveries[i];
+		rd_kafka_resp_err_t err = e->produced ? d->err : e->error;
 
-		if (d->reported && d->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		if (!outbox_delivery_failed(e, d) && !(e->produced && d->reported))
+			continue;
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR && outbox_kafka_error_is_permanent(err))
+		{
+			refused++;
+			continue;
+		}
+		if (err == RD_KAFKA_RESP_ERR__MSG_TIMED_OUT || err == RD_KAFKA_RESP_ERR__TIMED_OUT ||
+			err == RD_KAFKA_RESP_ERR__TRANSPORT || err == RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT ||
+			err == RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS ||
+			err == RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+			*transient = true;
+		if (e->produced)
 			d->reported = false;
+		else
+			e->error = RD_KAFKA_RESP_ERR_NO_ERROR;
 	}
+	return refused;
 }
 
 /*

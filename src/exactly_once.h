@@ -23,14 +23,16 @@ typedef enum OutboxEosStart
 extern char *outbox_eos_transactional_id(void);
 extern OutboxEosStart outbox_eos_start(OutboxProducer *producer, char **error);
 extern bool outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result);
-extern char *outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, int nevents);
+extern char *outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb,
+										const BatchEntry *entries, int nevents);
 extern char *outbox_eos_rows_record(const BatchEntry *entries, int n);
 extern bool outbox_eos_add_record(OutboxProducer *producer, const char *record,
 								  int index);
 extern bool outbox_eos_commit(OutboxProducer *producer, int index,
 							  OutboxBatchResult *result);
 extern void outbox_eos_abort(OutboxProducer *producer, OutboxBatchResult *result);
-extern void outbox_eos_forget_acknowledged(OutboxProducer *producer, int n);
+extern int	outbox_eos_keep_refusals(OutboxProducer *producer, BatchEntry *entries,
+									 int n, bool *transient);
 extern void outbox_eos_crash_point(const char *name);
 
 #endif							/* OUTBOX_EXACTLY_ONCE_H */

@@ -393,6 +393,11 @@ check_progress_topic(char **newval, void **extra, GucSource source)
 							OUTBOX_TOPIC_MAX_LEN);
 		return false;
 	}
+	if (outbox_topic_is_internal(*newval))
+	{
+		GUC_check_errdetail("\"%s\" is one of Kafka's internal topics.", *newval);
+		return false;
+	}
 	return true;
 }
 

@@ -515,6 +515,8 @@ ensure_producer(void)
 		ereport(LOG,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox relay cannot create its Kafka producer: %s", error),
+				 outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE ?
+				 errhint("Fix outbox.bootstrap_servers, outbox.kafka_properties, outbox.message_format or outbox.ce_source and reload the configuration. With outbox.delivery = exactly_once, transaction.timeout.ms (librdkafka's default: 60000 ms) must not be below outbox.delivery_timeout.") :
 				 errhint("Fix outbox.bootstrap_servers, outbox.kafka_properties, outbox.message_format or outbox.ce_source and reload the configuration.")));
 		if (last_config_error != NULL)
 			pfree(last_config_error);
@@ -558,7 +560,7 @@ start_transactions(char **error)
 		ereport(LOG,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox relay cannot deliver exactly once: %s", *error),
-				 errhint("Fix the progress topic or outbox.progress_topic, or set outbox.delivery = at_least_once, and reload the configuration.")));
+				 errhint("Fix the progress topic or outbox.progress_topic, or transaction.timeout.ms in outbox.kafka_properties (at least outbox.delivery_timeout, at most the broker's transaction.max.timeout.ms), or set outbox.delivery = at_least_once; then reload the configuration.")));
 		if (last_config_error != NULL)
 			pfree(last_config_error);
 		last_config_error = MemoryContextStrdup(TopMemoryContext, *error);

@@ -12,14 +12,16 @@ transaction carrying a progress record in the progress topic, read back after an
    A read_committed consumer sees every committed event exactly once, in per-aggregate order;
    a read_uncommitted consumer does see the aborted copies (so the first check could fail).
 """
+import json
 import random
 import time
 
+import psycopg2
 import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, query,
+from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, pg_sh, query,
                       query_one, relay_status, report, topic_prefix, wait_relay_ready, wait_until)
 from helpers_crash import (EmitLoad, LightReader, assert_delivered, delivery_check, kill9,
                            pid_alive, postmaster_pid, set_conf, sort_unknown,
@@ -245,3 +247,95 @@ def test_exactly_once_survives_the_worst_moments_and_a_zombie(env, conn, exactly
     assert zombie_commit_error is not None, "the zombie committed its transaction"
     assert raw_c.duplicates > 0, "the crashes aborted nothing that a read_uncommitted consumer saw"
     assert recorded_now == 2
+
+
+def test_exactly_once_dead_letters_replay_and_internal_topics(env, conn, exactly_once):
+    """Found by a README-only trial of exactly_once:
+    (a) outbox.progress_topic = '__consumer_offsets' was accepted (now 22023);
+    (b) a dead letter (a 2 MB event) followed by 1 MB events under load stalled the whole
+        database: the events that failed only because their transaction was aborted were
+        marked failed with a backoff, and the state showed broker_down;
+    (c) outbox.replay() done before a restart was undone by the restart: the last progress
+        record (row-tracked events, by id) marked the replayed events published again."""
+    with conn.cursor() as cur:
+        for name in ("__consumer_offsets", "__transaction_state"):
+            with pytest.raises(psycopg2.Error) as e:
+                cur.execute(f"ALTER SYSTEM SET outbox.progress_topic = '{name}'")
+            assert e.value.pgcode == "22023" and "internal topics" in str(e.value), str(e.value)
+
+    # (b) a dead letter, then large events of other aggregates, among small ones
+    agg_type = new_aggregate_type("eosdl")
+    topic = f"it.eos.{agg_type}"
+    create_topics(env, [topic])
+    reader = LightReader(env, [topic])
+    reader.wait_assigned()
+    set_conf(conn, max_attempts=2)
+    states = set()
+    present, dead = {}, []
+    try:
+        with conn.cursor() as cur:
+            def emit_one(agg, seq, size=0):
+                payload = {"seq": seq, "pad": "x" * size} if size else {"seq": seq}
+                cur.execute("SELECT outbox.emit(%s, %s, 'e', %s::jsonb, NULL, %s)::text",
+                            (agg_type, agg, json.dumps(payload), topic))
+                return cur.fetchone()[0]
+            dead.append(emit_one("X", 1, 2_000_000))
+            dead.append(emit_one("X", 2))
+            for seq in range(1, 41):
+                for a in range(10):
+                    present[emit_one(f"a{a}", seq)] = (f"a{a}", seq)
+                if seq == 10:
+                    for b in ("B1", "B2", "B3"):
+                        present[emit_one(b, 1, 1_048_300)] = (b, 1)
+                        present[emit_one(b, 2)] = (b, 2)
+                states.update(r["state"] for r in relay_status(conn))
+                time.sleep(0.05)
+        deadline = time.monotonic() + 90
+        while reader.missing(present) and time.monotonic() < deadline:
+            states.update(r["state"] for r in relay_status(conn))
+            time.sleep(0.2)
+        reader.wait_for(present, 5, extra=1)
+        rows = reader.snapshot()
+        failed_at = query_one(conn, "SELECT failed_at IS NOT NULL FROM outbox.events WHERE event_id = %s",
+                              (dead[0],))[0]
+    finally:
+        reader.close()
+        set_conf(conn, max_attempts=None)
+    c = delivery_check(rows, present, set(dead))
+    assert_delivered(c, "exactly_once with a dead letter")
+    assert c.duplicates == 0
+    assert failed_at, "the 2 MB event did not become a dead letter"
+    assert "broker_down" not in states, f"states seen: {states}"
+
+    # (c) replay, then a restart before the relay sent the copies
+    agg_type = new_aggregate_type("eosrp")
+    topic = f"it.eos.{agg_type}"
+    create_topics(env, [topic], partitions=1)
+    reader = LightReader(env, [topic])
+    try:
+        wait_until(lambda: reader.assigned, 30, "the consumer's assignment")
+        ids = [query_one(conn, "SELECT outbox.emit(%s, 'R', 'e', %s::jsonb, NULL, %s)::text",
+                         (agg_type, json.dumps({"n": n}), topic))[0] for n in range(3)]
+        wait_until(lambda: len(reader.snapshot()) >= 3, 60, "the 3 events")
+        lo, hi = query_one(conn, "SELECT min(id), max(id) FROM outbox.events WHERE aggregate_type = %s",
+                           (agg_type,))
+        assert query_one(conn, "SELECT outbox.replay(%s, %s)", (lo, hi))[0] == 3
+        wait_until(lambda: len(reader.snapshot()) >= 6, 60, "the first replay's copies")
+        query(conn, "SELECT outbox.pause()")
+        wait_until(lambda: relay_status(conn)[0]["state"] == "paused", 30, "the relay to pause")
+        assert query_one(conn, "SELECT outbox.replay(%s, %s)", (lo, hi))[0] == 3
+        pg_sh(env, "restart")
+        conn2 = pg_connect(env)
+        try:
+            query(conn2, "SELECT outbox.resume()")
+            wait_until(lambda: len(reader.snapshot()) >= 9, 60, "the second replay's copies (after a restart)")
+        finally:
+            conn2.close()
+        time.sleep(1)
+        got = [r[4] for r in reader.snapshot()]
+    finally:
+        reader.close()
+    assert got == ids * 3, got
+    report(f"OUTBOX EXACTLY-ONCE DEAD LETTER: a 2 MB event became a dead letter (max_attempts 2), "
+           f"{len(present)} other events (three of 1 MB) arrived once each in order, states {sorted(states)}; "
+           f"replay() before a restart sent its copies after it ({len(got)} messages for 3 events)")
