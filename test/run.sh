@@ -19,10 +19,11 @@
 #   OUTBOX_PG_MAJOR        (unset)        shorthand for OUTBOX_PG_MAJORS=N OUTBOX_PG_FULL_MAJORS=N
 #                                         OUTBOX_PG_ROW_MAJORS= (unless set)
 #   OUTBOX_KAFKA3_MAJORS   "17"           majors whose integration stage also runs test_27 against a
-#                                         3-broker Kafka cluster (test/env/kafka-cluster.sh)
-#   OUTBOX_CLEANUP_EVENTS  (unset)        events per run of test_18's retention test: 1,000,000 on
-#                                         the last full major, 500,000 on the others (the whole run
-#                                         must stay under CI's 60 minutes)
+#                                         3-broker Kafka cluster (test/env/kafka-cluster.sh), and
+#                                         not test_10 (test_27 kills Postgres 10 times itself)
+#   OUTBOX_CLEANUP_EVENTS  500000         events per run of test_18's retention test (the README's
+#                                         figures are from 1,000,000; the whole run must stay under
+#                                         CI's 60 minutes)
 #
 # 15 is Debian's; 16, 17 and 18 are fetched once by test/env/pgmajor.sh.  Each major builds and
 # installs the extension into its own tree and gets a fresh Kafka and Postgres on the ports and
@@ -173,8 +174,14 @@ integration() {
     else
         tests=("${CORE_TESTS[@]/#/test/integration/}")
     fi
-    [[ -z ${OUTBOX_CLEANUP_EVENTS:-} && $major == "${FULL_MAJORS[-1]}" ]] && cleanup=1000000
     in_list "$major" ${OUTBOX_KAFKA3_MAJORS-17} && kafka3=1
+    # where test_27 runs, it kills Postgres 10 times under load (exactly_once): test_10's at-least-once
+    # crash run is left to the other majors, to keep CI under an hour
+    if [[ -n $kafka3 && ${#tests[@]} -gt 1 ]]; then
+        local t kept=()
+        for t in "${tests[@]}"; do [[ $t == */test_10_crash.py ]] || kept+=("$t"); done
+        tests=("${kept[@]}")
+    fi
     OUTBOX_KAFKA3=${kafka3:-0} OUTBOX_CLEANUP_EVENTS=$cleanup OUTBOX_TEST_OUT="$REPO/test/out/pg$major" \
         "$PY" -m pytest -v -p no:cacheprovider "${tests[@]}" "${PYARGS[@]}"
 }
