@@ -69,8 +69,8 @@ static void end_rows_transaction(OutboxProducer *producer, Batch *batch,
 								 OutboxBatchResult *result);
 static bool all_acknowledged(OutboxProducer *producer, Batch *batch);
 static void end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
-									 OutboxSnapshotBatch *sb,
-									 OutboxBatchResult *result);
+									 OutboxSnapshotBatch *sb, Datum *demote,
+									 int ndemote, OutboxBatchResult *result);
 
 /*
  * outbox_relay_batch
@@ -348,7 +348,7 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 	if (verdicts < batch->n)
 		sb.exhausted = false;
 	if (producer->transactional_id != NULL)
-		end_snapshot_transaction(producer, batch, &sb, result);
+		end_snapshot_transaction(producer, batch, &sb, demote, ndemote, result);
 	else
 	{
 		if (verdicts > 0)
@@ -376,10 +376,9 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
  */
 static void
 end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
-						 OutboxSnapshotBatch *sb, OutboxBatchResult *result)
+						 OutboxSnapshotBatch *sb, Datum *demote, int ndemote,
+						 OutboxBatchResult *result)
 {
-	Datum	   *demote_ids = palloc(sizeof(Datum) * Max(batch->n, 1));
-	int			ndemote = 0;
 	bool		waits_aborted;
 	bool		transient;
 
@@ -395,11 +394,12 @@ end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
 	{
 		if (outbox_eos_commit(producer, batch->n, result))
 		{
-			/* the held-back events go to row tracking, as the record says */
-			for (int i = 0; i < batch->n; i++)
-				if (batch->entries[i].held_back)
-					demote_ids[ndemote++] = Int64GetDatum(batch->entries[i].id);
-			outbox_snapshot_demote(demote_ids, ndemote);
+			/*
+			 * Every produced event was acknowledged, so snapshot_verdicts()
+			 * put exactly the held-back ones into demote: they go to row
+			 * tracking, as the record says.
+			 */
+			outbox_snapshot_demote(demote, ndemote);
 			mark_batch(producer, batch->entries, batch->n, true, true, result);
 			outbox_snapshot_save(sb);
 		}
@@ -409,12 +409,14 @@ end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
 	outbox_eos_abort(producer, result);
 	(void) outbox_eos_keep_refusals(producer, batch->entries, batch->n,
 									&transient);
+	/* after the abort, every refused or held-back event goes, not a prefix */
+	ndemote = 0;
 	for (int i = 0; i < batch->n; i++)
 	{
 		BatchEntry *e = &batch->entries[i];
 
 		if (e->held_back || outbox_delivery_failed(e, &producer->deliveries[i]))
-			demote_ids[ndemote++] = Int64GetDatum(e->id);
+			demote[ndemote++] = Int64GetDatum(e->id);
 		if (!e->held_back && outbox_delivery_failed(e, &producer->deliveries[i]) &&
 			result->first_error == NULL)
 			result->first_error = MemoryContextStrdup(result->cxt, e->produced ?
@@ -424,7 +426,7 @@ end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
 	/* an abort over refusals or held-back events alone is planned */
 	result->aborted = waits_aborted || transient || producer->fatal || ndemote == 0;
 	/* handed over without a mark: row tracking counts their failures */
-	outbox_snapshot_demote(demote_ids, ndemote);
+	outbox_snapshot_demote(demote, ndemote);
 }
 
 /*

@@ -36,7 +36,9 @@ static OutboxTxnOutcome run_in_steps(OutboxProducer *producer, TxnCall call,
 									 char **error);
 static OutboxTxnOutcome classify(OutboxProducer *producer, rd_kafka_error_t *err,
 								 const char *what, char **error);
-static rd_kafka_event_t *admin_wait(rd_kafka_queue_t *queue, int timeout_ms);
+static rd_kafka_event_t *admin_wait(rd_kafka_queue_t *queue, const char *what,
+									const char *topic, int timeout_ms,
+									char **refusal, bool *unavailable);
 static char *describe_topic(OutboxProducer *producer, const char *topic,
 							int timeout_ms, bool *missing, bool *unavailable);
 static char *create_topic(OutboxProducer *producer, const char *topic,
@@ -213,26 +215,34 @@ outbox_progress_topic_check(OutboxProducer *producer, const char *topic,
 }
 
 /*
- * Wait for the result of an admin request on queue, serving the
- * producer's interrupts between steps.  NULL after timeout_ms (ms).
+ * Wait for the result of an admin request on queue, serving the procsignal
+ * barriers between steps.  Returns the event if the request succeeded as a
+ * whole; else NULL, with *refusal saying "could not <what> the progress
+ * topic" and why, and *unavailable set (no answer within timeout_ms, ms, or
+ * an error of the whole request).
  */
 static rd_kafka_event_t *
-admin_wait(rd_kafka_queue_t *queue, int timeout_ms)
+admin_wait(rd_kafka_queue_t *queue, const char *what, const char *topic,
+		   int timeout_ms, char **refusal, bool *unavailable)
 {
 	TimestampTz start = GetCurrentTimestamp();
+	rd_kafka_event_t *ev;
 
-	for (;;)
+	while ((ev = rd_kafka_queue_poll(queue, 100)) == NULL &&
+		   !TimestampDifferenceExceeds(start, GetCurrentTimestamp(), timeout_ms))
 	{
-		rd_kafka_event_t *ev = rd_kafka_queue_poll(queue, 100);
-
-		if (ev != NULL)
-			return ev;
-		if (TimestampDifferenceExceeds(start, GetCurrentTimestamp(), timeout_ms))
-			return NULL;
 		if (ProcSignalBarrierPending)
 			ProcessProcSignalBarrier();
 		CHECK_FOR_INTERRUPTS();
 	}
+	if (ev != NULL && rd_kafka_event_error(ev) == RD_KAFKA_RESP_ERR_NO_ERROR)
+		return ev;
+	*unavailable = true;
+	*refusal = psprintf("could not %s the progress topic \"%s\": %s", what, topic,
+						ev ? rd_kafka_event_error_string(ev) : "timed out");
+	if (ev != NULL)
+		rd_kafka_event_destroy(ev);
+	return NULL;
 }
 
 /*
@@ -255,14 +265,8 @@ describe_topic(OutboxProducer *producer, const char *topic, int timeout_ms,
 
 	*missing = false;
 	rd_kafka_DescribeConfigs(producer->rk, &res, 1, NULL, queue);
-	ev = admin_wait(queue, timeout_ms);
-	if (ev == NULL || rd_kafka_event_error(ev) != RD_KAFKA_RESP_ERR_NO_ERROR)
-	{
-		*unavailable = true;
-		refusal = psprintf("could not describe the progress topic \"%s\": %s", topic,
-						   ev ? rd_kafka_event_error_string(ev) : "timed out");
-	}
-	else
+	ev = admin_wait(queue, "describe", topic, timeout_ms, &refusal, unavailable);
+	if (ev != NULL)
 	{
 		results = rd_kafka_DescribeConfigs_result_resources(rd_kafka_event_DescribeConfigs_result(ev),
 															&nresults);
@@ -314,14 +318,8 @@ create_topic(OutboxProducer *producer, const char *topic, int timeout_ms,
 	}
 	(void) rd_kafka_NewTopic_set_config(nt, "cleanup.policy", "compact");
 	rd_kafka_CreateTopics(producer->rk, &nt, 1, NULL, queue);
-	ev = admin_wait(queue, timeout_ms);
-	if (ev == NULL || rd_kafka_event_error(ev) != RD_KAFKA_RESP_ERR_NO_ERROR)
-	{
-		*unavailable = true;
-		refusal = psprintf("could not create the progress topic \"%s\": %s", topic,
-						   ev ? rd_kafka_event_error_string(ev) : "timed out");
-	}
-	else
+	ev = admin_wait(queue, "create", topic, timeout_ms, &refusal, unavailable);
+	if (ev != NULL)
 	{
 		results = rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev),
 													  &nresults);

@@ -69,6 +69,8 @@ static long rebuild_failed_producer(void);
 static void update_broker_state(const OutboxBatchResult *result);
 static bool ensure_producer(void);
 static bool start_transactions(char **error);
+static void enter_config_error(const char *what, const char *error,
+							   const char *hint);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
 static bool extension_installed(void);
@@ -510,21 +512,34 @@ ensure_producer(void)
 		return true;
 	}
 
+	enter_config_error("create its Kafka producer", error,
+					   outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE ?
+					   "Fix outbox.bootstrap_servers, outbox.kafka_properties, outbox.message_format or outbox.ce_source and reload the configuration. With outbox.delivery = exactly_once, transaction.timeout.ms (librdkafka's default: 60000 ms) must not be below outbox.delivery_timeout." :
+					   "Fix outbox.bootstrap_servers, outbox.kafka_properties, outbox.message_format or outbox.ce_source and reload the configuration.");
+	return false;
+}
+
+/*
+ * The relay cannot go on with the current settings: say so in the log once
+ * (until the error changes: the worker waits for a reload and must not log
+ * every poll), and show it in outbox.status as config_error.  what completes
+ * "outbox relay cannot ...".
+ */
+static void
+enter_config_error(const char *what, const char *error, const char *hint)
+{
 	if (last_config_error == NULL || strcmp(last_config_error, error) != 0)
 	{
 		ereport(LOG,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox relay cannot create its Kafka producer: %s", error),
-				 outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE ?
-				 errhint("Fix outbox.bootstrap_servers, outbox.kafka_properties, outbox.message_format or outbox.ce_source and reload the configuration. With outbox.delivery = exactly_once, transaction.timeout.ms (librdkafka's default: 60000 ms) must not be below outbox.delivery_timeout.") :
-				 errhint("Fix outbox.bootstrap_servers, outbox.kafka_properties, outbox.message_format or outbox.ce_source and reload the configuration.")));
+				 errmsg("outbox relay cannot %s: %s", what, error),
+				 errhint("%s", hint)));
 		if (last_config_error != NULL)
 			pfree(last_config_error);
 		last_config_error = MemoryContextStrdup(TopMemoryContext, error);
 	}
 	outbox_status_set_error(error);
 	outbox_enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
-	return false;
 }
 
 /*
@@ -555,18 +570,8 @@ start_transactions(char **error)
 		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, *error);
 		return false;
 	}
-	if (last_config_error == NULL || strcmp(last_config_error, *error) != 0)
-	{
-		ereport(LOG,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox relay cannot deliver exactly once: %s", *error),
-				 errhint("Fix the progress topic or outbox.progress_topic, or transaction.timeout.ms in outbox.kafka_properties (at least outbox.delivery_timeout, at most the broker's transaction.max.timeout.ms), or set outbox.delivery = at_least_once; then reload the configuration.")));
-		if (last_config_error != NULL)
-			pfree(last_config_error);
-		last_config_error = MemoryContextStrdup(TopMemoryContext, *error);
-	}
-	outbox_status_set_error(*error);
-	outbox_enter_state(OUTBOX_STATE_CONFIG_ERROR, NULL);
+	enter_config_error("deliver exactly once", *error,
+					   "Fix the progress topic or outbox.progress_topic, or transaction.timeout.ms in outbox.kafka_properties (at least outbox.delivery_timeout, at most the broker's transaction.max.timeout.ms), or set outbox.delivery = at_least_once; then reload the configuration.");
 	return false;
 }
 
