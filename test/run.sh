@@ -183,7 +183,7 @@ integration() {
         tests=("${kept[@]}")
     fi
     OUTBOX_KAFKA3=${kafka3:-0} OUTBOX_CLEANUP_EVENTS=$cleanup OUTBOX_TEST_OUT="$REPO/test/out/pg$major" \
-        "$PY" -m pytest -v -p no:cacheprovider "${tests[@]}" "${PYARGS[@]}"
+        "$PY" -m pytest -v -p no:cacheprovider --durations=15 "${tests[@]}" "${PYARGS[@]}"
 }
 
 # package: META.json valid under the PGXN meta spec, `make dist` complete, and its zip builds

@@ -255,8 +255,8 @@ class LightReader:
                     self.times.extend([now] * len(got))
                     self._ids.update(r[4] for r in got)
 
-    def wait_assigned(self, timeout: float = 30):
-        want = PARTITIONS * len(self.topics)
+    def wait_assigned(self, timeout: float = 30, partitions: int = PARTITIONS):
+        want = partitions * len(self.topics)
         wait_until(lambda: len(self.assigned) >= want, timeout,
                    f"consumer assignment of {want} partitions", interval=0.1)
 
@@ -301,15 +301,16 @@ class LightReader:
 class Watermarks:
     """High watermarks (end offsets) of a topic's partitions."""
 
-    def __init__(self, env: Env, topic: str):
+    def __init__(self, env: Env, topic: str, partitions: int = PARTITIONS):
         self.topic = topic
+        self.partitions = partitions
         self.consumer = Consumer({"bootstrap.servers": env.bootstrap,
                                   "group.id": f"outbox-it-wm-{uuid.uuid4()}",
                                   "enable.auto.commit": False})
 
     def high(self) -> Dict[Tuple[str, int], int]:
         out = {}
-        for p in range(PARTITIONS):
+        for p in range(self.partitions):
             _low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p),
                                                              timeout=10)
             out[(self.topic, p)] = high
