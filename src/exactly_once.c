@@ -31,6 +31,14 @@
  * same after a restart, and on a promoted standby, so that an old primary
  * that still runs is fenced at its next Kafka call.
  *
+ * Two transactional producers take turns, the second with that id and
+ * "-alt": after a commit, Kafka refuses the same id's next transaction
+ * (CONCURRENT_TRANSACTIONS) until it wrote the commit markers, a few ms,
+ * and librdkafka 2.0 then waits a fixed 20 ms before it asks again.  The
+ * other id starts the next batch at once.  Order holds because a batch is
+ * produced only after the one before it was committed.  Both write their
+ * records under the first id, so the last record is the last batch.
+ *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
@@ -52,6 +60,7 @@
 #include "pgstat.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 /* ms the start may wait for each of init, topic check and read-back */
@@ -105,6 +114,10 @@ static const char *const adopt_rows_sql[2] = {
 	"   AND e.published_at IS NULL"
 };
 
+/* the key of the progress records and sentinels: the first transactional.id */
+static char *progress_key = NULL;
+
+static OutboxTxnOutcome init_alternate(OutboxProducer *producer, char **error);
 static void reconcile(const char *record);
 static void reconcile_snapshot(const char *record);
 static void reconcile_rows(const char *record);
@@ -126,7 +139,8 @@ outbox_eos_transactional_id(void)
 
 /*
  * outbox_eos_start
- *		Make a new transactional producer ready: initialize transactions,
+ *		Make a new transactional producer and its alternate (built here)
+ *		ready: initialize both's transactions,
  *		check the progress topic (progress_topic_check), read the last
  *		progress record back and bring the database in line with it
  *		(reconcile, in a transaction of its own).  *error (palloc'd) says
@@ -139,8 +153,13 @@ outbox_eos_start(OutboxProducer *producer, char **error)
 	bool		unavailable = false;
 	char	   *record = NULL;
 
+	if (progress_key == NULL)
+		progress_key = MemoryContextStrdup(TopMemoryContext,
+										   outbox_eos_transactional_id());
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: initializing Kafka transactions");
-	outcome = outbox_txn_init(producer, START_TIMEOUT_MS, error);
+	outcome = init_alternate(producer, error);
+	if (outcome == OUTBOX_TXN_OK)
+		outcome = outbox_txn_init(producer, START_TIMEOUT_MS, error);
 	if (outcome == OUTBOX_TXN_FATAL)
 		return OUTBOX_EOS_REFUSED;
 	if (outcome != OUTBOX_TXN_OK)
@@ -153,13 +172,48 @@ outbox_eos_start(OutboxProducer *producer, char **error)
 
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: reading its progress back from Kafka");
 	if (!outbox_progress_read_back(producer, producer->progress_topic,
-								   producer->transactional_id,
-								   START_TIMEOUT_MS, &record, error))
+								   progress_key, START_TIMEOUT_MS, &record, error))
 		return OUTBOX_EOS_UNAVAILABLE;
 	pgstat_report_activity(STATE_IDLE, NULL);
 	if (record != NULL)
 		reconcile(record);
 	return OUTBOX_EOS_READY;
+}
+
+/*
+ * Build the second producer ("<transactional.id>-alt") and initialize its
+ * transactions, before the first's: the read-back must not start while a
+ * transaction an earlier incarnation left open under either id could
+ * still commit.
+ */
+static OutboxTxnOutcome
+init_alternate(OutboxProducer *producer, char **error)
+{
+	char	   *id = psprintf("%s-alt", producer->transactional_id);
+
+	Assert(producer->alternate == NULL);
+	producer->alternate = outbox_producer_create(id, error);
+	pfree(id);
+	if (producer->alternate == NULL)
+		return OUTBOX_TXN_FATAL;
+	return outbox_txn_init(producer->alternate, START_TIMEOUT_MS, error);
+}
+
+/*
+ * outbox_eos_alternate
+ *		The producer for the next batch: producer's alternate, which takes
+ *		producer as its own.  producer itself when it has none (at_least_once).
+ */
+OutboxProducer *
+outbox_eos_alternate(OutboxProducer *producer)
+{
+	OutboxProducer *next = producer->alternate;
+
+	if (next == NULL)
+		return producer;
+	producer->alternate = NULL;
+	next->alternate = producer;
+	return next;
 }
 
 /*
@@ -357,7 +411,7 @@ outbox_eos_add_record(OutboxProducer *producer, const char *record, int index)
 
 	memset(&msg, 0, sizeof(msg));
 	msg.topic = producer->progress_topic;
-	msg.key = producer->transactional_id;
+	msg.key = progress_key;
 	msg.key_len = strlen(msg.key);
 	msg.value = record;
 	msg.value_len = strlen(record);

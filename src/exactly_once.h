@@ -22,6 +22,7 @@ typedef enum OutboxEosStart
 
 extern char *outbox_eos_transactional_id(void);
 extern OutboxEosStart outbox_eos_start(OutboxProducer *producer, char **error);
+extern OutboxProducer *outbox_eos_alternate(OutboxProducer *producer);
 extern bool outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result);
 extern char *outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb,
 										const BatchEntry *entries, int nevents);

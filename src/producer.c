@@ -176,14 +176,16 @@ open_wakeup_pipe(OutboxProducer *producer)
  *
  * Purging first makes rd_kafka_destroy() return at once even when no broker
  * is reachable, so a fast shutdown stays fast.  Events not yet acknowledged
- * are still unpublished in the table and go out again later.  producer may
- * be NULL, or half built (outbox_producer_create).  Raises no ERROR.
+ * are still unpublished in the table and go out again later.  The
+ * exactly_once alternate goes with it.  producer may be NULL, or half built
+ * (outbox_producer_create).  Raises no ERROR.
  */
 void
 outbox_producer_destroy(OutboxProducer *producer)
 {
 	if (producer == NULL)
 		return;
+	outbox_producer_destroy(producer->alternate);
 	if (producer->rk != NULL)
 	{
 		producer->generation++;

@@ -56,6 +56,8 @@ typedef struct OutboxProducer
 	int			delivery_timeout;
 	char	   *transactional_id;	/* exactly_once: transactional.id, else NULL */
 	char	   *progress_topic;	/* exactly_once: outbox.progress_topic */
+	/* exactly_once: the second transactional producer, used in turn */
+	struct OutboxProducer *alternate;
 
 	/* the batch in flight: deliveries are indexed by position in batch */
 	uint32		generation;

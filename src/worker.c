@@ -376,6 +376,7 @@ relay_step(void)
 	if (result.fatal)
 		return rebuild_failed_producer();
 	update_broker_state(&result);
+	producer = outbox_eos_alternate(producer);
 
 	/*
 	 * More is probably waiting after a full batch, and after any progress
@@ -558,8 +559,10 @@ start_transactions(char **error)
 	if (start == OUTBOX_EOS_READY)
 	{
 		ereport(LOG,
-				(errmsg("outbox relay: exactly-once delivery ready, transactional.id \"%s\", progress topic \"%s\"",
-						producer->transactional_id, producer->progress_topic)));
+				(errmsg("outbox relay: exactly-once delivery ready, transactional.id \"%s\" and \"%s\", progress topic \"%s\"",
+						producer->transactional_id,
+						producer->alternate->transactional_id,
+						producer->progress_topic)));
 		return true;
 	}
 	outbox_producer_destroy(producer);
