@@ -1,5 +1,5 @@
 """
-Reliability under load, part 2: a 60 s broker outage while sessions emit continuously; fast
+Reliability under load, part 2: a 30 s broker outage while sessions emit continuously; fast
 shutdown (pg_ctl stop -m fast) with the broker unreachable and with a large backlog draining;
 reloading the Kafka settings (properties and bootstrap servers) while events flow; the broker
 lost while a batch is half acknowledged (the relay must keep saying broker_down); a batch that
