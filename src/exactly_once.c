@@ -140,10 +140,10 @@ outbox_eos_transactional_id(void)
 /*
  * outbox_eos_start
  *		Make a new transactional producer and its alternate (built here)
- *		ready: initialize both's transactions,
- *		check the progress topic (progress_topic_check), read the last
- *		progress record back and bring the database in line with it
- *		(reconcile, in a transaction of its own).  *error (palloc'd) says
+ *		ready: initialize the transactions of both, check the progress
+ *		topic (progress_topic_check), read the last progress record back
+ *		and bring the database in line with it (reconcile, in a
+ *		transaction of its own).  *error (palloc'd) says
  *		why it is not ready.  Raises ERROR if the database statements fail.
  */
 OutboxEosStart

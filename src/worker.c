@@ -376,6 +376,7 @@ relay_step(void)
 	if (result.fatal)
 		return rebuild_failed_producer();
 	update_broker_state(&result);
+	/* exactly_once: the next batch goes out through the other producer */
 	producer = outbox_eos_alternate(producer);
 
 	/*
