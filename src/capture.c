@@ -95,6 +95,7 @@ static void append_row_json(StringInfo buf, HeapTuple tuple, TupleDesc tupdesc);
  *		  wrong number of arguments, empty aggregate type or key list;
  *	42703 (undefined_column): a key column the table does not have;
  *	22004 (null_value_not_allowed): a key column is NULL in the row;
+ *	22023 (invalid_parameter_value): the one key column is empty in the row;
  *	22023, 42501: the topic, as for outbox.emit().
  */
 Datum
@@ -405,7 +406,9 @@ key_attnums(TupleDesc tupdesc, const char *key_columns, const char *context)
 /*
  * aggregate_id_of
  *		The aggregate id: the text form of the key columns (attnums, from
- *		key_attnums()) of tuple.  Raises 22004 if one is NULL.
+ *		key_attnums()) of tuple.  Raises 22004 if one is NULL, 22023 if
+ *		the only one is empty (several never make an empty id: they are
+ *		joined with ':').
  */
 static text *
 aggregate_id_of(HeapTuple tuple, TupleDesc tupdesc, List *attnums,
@@ -427,7 +430,16 @@ aggregate_id_of(HeapTuple tuple, TupleDesc tupdesc, List *attnums,
 							NameStr(TupleDescAttr(tupdesc, attnum - 1)->attname)),
 					 errdetail("The key columns make the event's aggregate id, which cannot be null.")));
 		if (list_length(attnums) == 1)
+		{
+			/* as outbox.emit() refuses an empty aggregate_id */
+			if (value[0] == '\0')
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("%skey column \"%s\" is empty", context,
+								NameStr(TupleDescAttr(tupdesc, attnum - 1)->attname)),
+						 errdetail("The key column makes the event's aggregate id, the Kafka message key, which cannot be empty.")));
 			return cstring_to_text(value);
+		}
 		if (foreach_current_index(lc) > 0)
 			appendStringInfoChar(&id, ':');
 		append_escaped(&id, value);

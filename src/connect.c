@@ -7,7 +7,8 @@
  * catalogs to see whether a relay could connect; while it could not (the
  * database or the role does not exist yet), the launcher waits instead of
  * starting a relay that fails, and shows what it waits for in
- * outbox.status.  The relay then connects by the database's OID.
+ * outbox.status.  The relay then connects by the database's OID, and
+ * checks that the database has the extension before it serves it.
  *
  *-------------------------------------------------------------------------
  */
@@ -21,6 +22,7 @@
 #include "access/xact.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
+#include "commands/extension.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -124,4 +126,46 @@ shared_catalog_row(Oid relid, Oid name_index, AttrNumber name_attnum,
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return tuple;
+}
+
+/*
+ * outbox_relay_has_extension
+ *		Does the relay's database have the extension?  Always true unless
+ *		outbox.databases is '*': only then does its absence end the relay
+ *		(see outbox_exit_without_extension); otherwise the relay waits for
+ *		it in its loop.  Runs its own transaction: call it between batches.
+ */
+bool
+outbox_relay_has_extension(void)
+{
+	bool		found;
+
+	if (strcmp(outbox_databases, "*") != 0)
+		return true;
+	StartTransactionCommand();
+	found = OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true));
+	CommitTransactionCommand();
+	return found;
+}
+
+/*
+ * outbox_exit_without_extension
+ *		With outbox.databases = '*', a database without the extension has
+ *		no relay: say so in the slot, so that the launcher does not start
+ *		one again until CREATE EXTENSION outbox commits there (lifecycle.c),
+ *		and exit with code 0.  dropped: the relay had found the extension,
+ *		which is gone now (logged); otherwise it only looked (in every
+ *		database without the extension at each launcher start: DEBUG1).
+ */
+void
+outbox_exit_without_extension(bool dropped)
+{
+	ereport(dropped ? LOG : DEBUG1,
+			(errmsg("outbox relay for database \"%s\" exits: the database has no extension outbox",
+					outbox_relay_database),
+			 errdetail("outbox.databases is \"*\"; the relay starts again after CREATE EXTENSION outbox there.")));
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	outbox_my_slot->extension_absent = true;
+	SpinLockRelease(&outbox_my_slot->mutex);
+	proc_exit(0);
 }

@@ -22,5 +22,7 @@ extern const char *outbox_connection_obstacle(const char *dbname,
 											  const OutboxDatabase *db,
 											  Oid *roleoid);
 extern void outbox_connect_to_database(void);
+extern bool outbox_relay_has_extension(void);
+pg_noreturn extern void outbox_exit_without_extension(bool dropped);
 
 #endif							/* OUTBOX_CONNECT_H */

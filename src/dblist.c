@@ -72,6 +72,30 @@ outbox_check_databases(char **newval, void **extra, GucSource source)
 }
 
 /*
+ * outbox_check_database
+ *		The check hook of outbox.database (1.x): one database name, not
+ *		empty (no database has that name: the relay would wait for it for
+ *		ever) and shorter than NAMEDATALEN bytes.  source is a GucSource.
+ */
+bool
+outbox_check_database(char **newval, void **extra, GucSource source)
+{
+	if ((*newval)[0] == '\0')
+	{
+		GUC_check_errdetail("outbox.database must name a database.");
+		GUC_check_errhint("Set outbox.database to the database whose outbox is relayed, or list several in outbox.databases.");
+		return false;
+	}
+	if (strlen(*newval) >= NAMEDATALEN)
+	{
+		GUC_check_errdetail("Database name \"%s\" is longer than %d bytes.",
+							*newval, NAMEDATALEN - 1);
+		return false;
+	}
+	return true;
+}
+
+/*
  * outbox_relayed_databases
  *		The names of the databases that should have a relay: those of
  *		outbox.databases, or outbox.database when that is empty, as a List

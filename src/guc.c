@@ -120,7 +120,7 @@ outbox_define_gucs(void)
 							   process_shared_preload_libraries_in_progress ?
 							   PGC_POSTMASTER : PGC_SIGHUP,
 							   0,
-							   NULL, NULL, NULL);
+							   outbox_check_database, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.databases",
 							   "Databases the outbox launcher keeps a relay for.",

@@ -24,6 +24,9 @@
  *	  Only a caller allowed to run the statement (superuser or the
  *	  database's owner) releases the relays: anyone else's attempt leaves
  *	  them alone.
+ *	- DROP EXTENSION outbox: the events not yet published go with the
+ *	  table, which a DBA may not know; they are counted before the drop
+ *	  and, if there were any, a WARNING says how many after it.
  *
  * The hook only speeds things up: relays find a dropped extension by
  * themselves, and the launcher reads pg_database every few seconds.
@@ -36,6 +39,8 @@
 #include <signal.h>
 
 #include "access/xact.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
@@ -64,6 +69,9 @@ static const char *option_value(List *options, const char *name);
 static Oid	releasable_database(const char *name);
 static void release_database(Oid dboid);
 static void lifecycle_xact_callback(XactEvent event, void *arg);
+static bool drops_outbox(DropStmt *stmt);
+static bool count_unpublished(int64 *pending, int64 *failed);
+static void warn_discarded(int64 pending, int64 failed);
 
 /*
  * outbox_install_lifecycle_hook
@@ -111,6 +119,9 @@ lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
 	Oid			release = InvalidOid;
 	bool		ext_created = false;
 	bool		wake = false;
+	bool		counted = false;
+	int64		pending = 0;
+	int64		failed = 0;
 
 	switch (nodeTag(stmt))
 	{
@@ -130,6 +141,10 @@ lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
 			release = releasable_database(option_value(((CreatedbStmt *) stmt)->options,
 													   "template"));
 			wake = true;
+			break;
+		case T_DropStmt:
+			if (drops_outbox((DropStmt *) stmt))
+				counted = count_unpublished(&pending, &failed);
 			break;
 		case T_AlterDatabaseStmt:
 			/*
@@ -152,6 +167,9 @@ lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
 
+	/* only now: a DROP that fails (dependent objects) discards nothing */
+	if (counted)
+		warn_discarded(pending, failed);
 	if (ext_created)
 		created_in = MyDatabaseId;
 	if (wake || ext_created)
@@ -285,4 +303,97 @@ lifecycle_xact_callback(XactEvent event, void *arg)
 	held_block = -1;
 	if (tell)
 		outbox_wake_launcher();
+}
+
+/*
+ * Does this DROP statement drop extension outbox, installed in this
+ * database?
+ */
+static bool
+drops_outbox(DropStmt *stmt)
+{
+	ListCell   *lc;
+
+	if (stmt->removeType != OBJECT_EXTENSION)
+		return false;
+	foreach(lc, stmt->objects)
+	{
+		if (strcmp(strVal(lfirst(lc)), OUTBOX_EXTENSION_NAME) == 0)
+			return OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true));
+	}
+	return false;
+}
+
+/*
+ * The current database's events not published yet (*pending) and marked
+ * failed (*failed), found as outbox.status finds them: row-tracked ones
+ * through events_pending_idx, snapshot-tracked ones above the progress
+ * floor or in a transaction its snapshot showed running, each checked with
+ * outbox.published(e); never a scan of the published rows retention keeps.
+ * False (nothing counted) for a schema before 1.4 or a caller who may not
+ * read the table: the count must never make the DROP fail.
+ */
+static bool
+count_unpublished(int64 *pending, int64 *failed)
+{
+	bool		isnull;
+	bool		done = false;
+
+	SPI_connect();
+	if (SPI_execute("SELECT pg_catalog.to_regprocedure('outbox.published(outbox.events)') IS NOT NULL"
+					"   AND pg_catalog.has_table_privilege('outbox.events', 'SELECT')"
+					"   AND pg_catalog.has_table_privilege('outbox.relay_progress', 'SELECT')"
+					"   AND pg_catalog.has_function_privilege('outbox.published(outbox.events)', 'EXECUTE')",
+					true, 1) == SPI_OK_SELECT &&
+		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+								   SPI_tuptable->tupdesc, 1, &isnull)) &&
+		SPI_execute("WITH g AS ("
+					"  SELECT p.snapshot, p.id_floor FROM outbox.relay_progress AS p"
+					"   WHERE p.system_identifier ="
+					"         (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)"
+					"   ORDER BY p.id_floor DESC LIMIT 1)"
+					" SELECT pg_catalog.count(*) FILTER (WHERE u.failed_at IS NULL),"
+					"        pg_catalog.count(*) FILTER (WHERE u.failed_at IS NOT NULL)"
+					"   FROM (SELECT e.failed_at FROM outbox.events AS e"
+					"          WHERE e.published_at IS NULL AND e.xid IS NULL"
+					"         UNION ALL"
+					"         SELECT NULL FROM outbox.events AS e"
+					"          WHERE e.xid IS NOT NULL"
+					"            AND e.id > COALESCE((SELECT g.id_floor FROM g), 0)"
+					"            AND NOT outbox.published(e)"
+					"         UNION ALL"
+					"         SELECT NULL FROM g"
+					"           CROSS JOIN pg_catalog.pg_snapshot_xip(g.snapshot) AS x(xid)"
+					"           JOIN outbox.events AS e ON e.xid = x.xid AND e.id <= g.id_floor"
+					"          WHERE NOT outbox.published(e)) AS u",
+					true, 1) == SPI_OK_SELECT)
+	{
+		*pending = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 1, &isnull));
+		*failed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 2, &isnull));
+		done = true;
+	}
+	SPI_finish();
+	return done;
+}
+
+/*
+ * The WARNING after DROP EXTENSION outbox dropped events that never
+ * reached Kafka (nothing if there were none).
+ */
+static void
+warn_discarded(int64 pending, int64 failed)
+{
+	if (pending == 0 && failed == 0)
+		return;
+	ereport(WARNING,
+			(errmsg_plural("DROP EXTENSION outbox discarded " INT64_FORMAT " event never published to Kafka",
+						   "DROP EXTENSION outbox discarded " INT64_FORMAT " events never published to Kafka",
+						   (unsigned long) (pending + failed), pending + failed),
+			 failed > 0 ?
+			 errdetail("They were rows of outbox.events, which is dropped with the extension; " INT64_FORMAT " of them were marked failed.",
+					   failed) :
+			 errdetail("They were rows of outbox.events, which is dropped with the extension."),
+			 errhint("Inside a transaction block, ROLLBACK keeps them.  Before dropping the extension, wait until outbox.status shows pending = 0, and retry (outbox.retry_failed()) or save the failed events.")));
 }

@@ -269,12 +269,33 @@ outbox_replay_range(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Does now - span fall before the first timestamptz (4713 BC)?  Then
+ * "clock_timestamp() - span" would fail with 22008 (timestamp out of range),
+ * and no event can be that old.  Months and days are counted at their mean
+ * length; the two years of margin cover what that estimate may miss (an
+ * interval that close to the limit deletes nothing either way).  An
+ * infinite interval (PostgreSQL 17) counts as very long.
+ */
+static bool
+reaches_before_timestamps(const Interval *span)
+{
+	double		span_us;
+	double		room_us;
+
+	span_us = ((double) span->month * DAYS_PER_YEAR / MONTHS_PER_YEAR +
+			   (double) span->day) * USECS_PER_DAY + (double) span->time;
+	room_us = (double) (GetCurrentTimestamp() - MIN_TIMESTAMP);
+	return span_us > room_us - 2 * DAYS_PER_YEAR * USECS_PER_DAY;
+}
+
+/*
  * outbox_purge
  *		SQL: outbox.purge(older_than interval) RETURNS bigint
  *
  * Deletes published events published more than older_than ago, at once
  * (the relay does the same by itself after outbox.retention).  Pending and
- * failed events are never deleted.  22023 for a negative interval.
+ * failed events are never deleted.  22023 for a negative interval; an
+ * interval reaching back before timestamptz's range deletes nothing.
  */
 Datum
 outbox_purge(PG_FUNCTION_ARGS)
@@ -289,6 +310,8 @@ outbox_purge(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("older_than must not be negative")));
+	if (reaches_before_timestamps(older_than))
+		PG_RETURN_INT64(0);
 	if (schema_tracks_snapshots())
 		PG_RETURN_INT64((int64) run("DELETE FROM outbox.events AS e"
 									" WHERE outbox.published(e)"

@@ -125,6 +125,8 @@ extern void outbox_reload_config_file(void);
 /*
  * dblist.c: which databases get a relay (outbox.databases)
  */
+extern bool outbox_check_database(char **newval, void **extra,
+								  GucSource source);
 extern bool outbox_check_databases(char **newval, void **extra,
 								   GucSource source);
 extern List *outbox_relayed_databases(bool *all);

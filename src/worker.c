@@ -31,7 +31,6 @@
 #include <malloc.h>
 
 #include "access/xact.h"
-#include "commands/extension.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -73,8 +72,6 @@ static void enter_config_error(const char *what, const char *error,
 							   const char *hint);
 static void reload_config(void);
 static void destroy_producer_at_exit(int code, Datum arg);
-static bool extension_installed(void);
-pg_noreturn static void exit_without_extension(bool dropped);
 static void keep_freed_memory(void);
 
 /*
@@ -174,8 +171,8 @@ outbox_worker_main(Datum main_arg)
 	/* a SIGHUP that arrived before our handler was installed is not lost */
 	outbox_reload_config_file();
 
-	if (!extension_installed())
-		exit_without_extension(false);
+	if (!outbox_relay_has_extension())
+		outbox_exit_without_extension(false);
 
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"",
@@ -362,7 +359,7 @@ relay_step(void)
 	if (result.table_missing)
 	{
 		if (strcmp(outbox_databases, "*") == 0)
-			exit_without_extension(true);
+			outbox_exit_without_extension(true);
 		outbox_enter_state(OUTBOX_STATE_WAITING_FOR_EXTENSION, NULL);
 		return outbox_poll_interval;
 	}
@@ -612,43 +609,4 @@ destroy_producer_at_exit(int code, Datum arg)
 		outbox_producer_destroy(producer);
 		producer = NULL;
 	}
-}
-
-/*
- * Does the relay's database have the extension?  Always true unless
- * outbox.databases is '*': only then does its absence end the relay (see
- * exit_without_extension); otherwise the relay waits for it in the loop.
- */
-static bool
-extension_installed(void)
-{
-	bool		found;
-
-	if (strcmp(outbox_databases, "*") != 0)
-		return true;
-	StartTransactionCommand();
-	found = OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true));
-	CommitTransactionCommand();
-	return found;
-}
-
-/*
- * With outbox.databases = '*', a database without the extension has no
- * relay: say so in the slot, so that the launcher does not start one again
- * until CREATE EXTENSION outbox commits there (lifecycle.c), and exit with
- * code 0.  dropped: the relay had found the extension, which is gone now
- * (logged); otherwise it only looked (in every database without the
- * extension at each launcher start: DEBUG1).
- */
-static void
-exit_without_extension(bool dropped)
-{
-	ereport(dropped ? LOG : DEBUG1,
-			(errmsg("outbox relay for database \"%s\" exits: the database has no extension outbox",
-					outbox_relay_database),
-			 errdetail("outbox.databases is \"*\"; the relay starts again after CREATE EXTENSION outbox there.")));
-	SpinLockAcquire(&outbox_my_slot->mutex);
-	outbox_my_slot->extension_absent = true;
-	SpinLockRelease(&outbox_my_slot->mutex);
-	proc_exit(0);
 }

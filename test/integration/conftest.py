@@ -177,6 +177,16 @@ def query_one(conn, sql: str, args=None):
     return rows[0]
 
 
+def set_conf(conn, **settings):
+    """ALTER SYSTEM SET outbox.<name> = value (None = RESET), then reload."""
+    for name, value in settings.items():
+        if value is None:
+            query(conn, f"ALTER SYSTEM RESET outbox.{name}")
+        else:
+            query(conn, f"ALTER SYSTEM SET outbox.{name} = %s", (str(value),))
+    query(conn, "SELECT pg_reload_conf()")
+
+
 EMIT_SQL = "SELECT outbox.emit(%s, %s, %s, %s::jsonb, %s::jsonb, %s)"
 
 

@@ -438,16 +438,6 @@ def relay_pid(env: Env) -> Optional[int]:
         conn.close()
 
 
-def set_conf(conn, **settings):
-    """ALTER SYSTEM SET outbox.<name> = value (None = RESET), then reload."""
-    for name, value in settings.items():
-        if value is None:
-            query(conn, f"ALTER SYSTEM RESET outbox.{name}")
-        else:
-            query(conn, f"ALTER SYSTEM SET outbox.{name} = %s", (str(value),))
-    query(conn, "SELECT pg_reload_conf()")
-
-
 class StatusMonitor:
     """Samples outbox.status in the background: peak pending, states seen."""
 

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Tuple
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from conftest import (REPO, Env, LogWatcher, Received, TopicReader, emit, java_partition, pg_connect,
-                      query, query_one, relay_status, unique_messages, wait_relay_ready, wait_until)
+                      query, query_one, relay_status, set_conf, unique_messages, wait_relay_ready,
+                      wait_until)
 
 MOCK_DIR = REPO / "test" / "mock"
 sys.path.insert(0, str(MOCK_DIR))
@@ -38,16 +39,6 @@ MOCK_KAFKA_PROPERTIES = ("reconnect.backoff.ms=50;reconnect.backoff.max.ms=500;"
 
 
 # --------------------------------------------------------------------------- settings
-
-def set_conf(conn, **settings):
-    """ALTER SYSTEM SET outbox.<name> = value (None = RESET), then reload."""
-    for name, value in settings.items():
-        if value is None:
-            query(conn, f"ALTER SYSTEM RESET outbox.{name}")
-        else:
-            query(conn, f"ALTER SYSTEM SET outbox.{name} = %s", (str(value),))
-    query(conn, "SELECT pg_reload_conf()")
-
 
 def wait_setting(conn, name: str, value: str, timeout: float = 20):
     """pg_reload_conf() is asynchronous: wait until a new session sees the value.  The relay

@@ -6,7 +6,7 @@ import psycopg2
 import pytest
 
 from conftest import (assert_no_problems, create_topics, delivery_errors, emit, event_rows, message_problems,
-                      new_aggregate_type, query, query_one, relay_status, server_major,
+                      new_aggregate_type, pg_connect, query, query_one, relay_status, server_major,
                       wait_until)
 
 
@@ -194,3 +194,48 @@ def test_wait_events_name_what_the_relay_waits_for(conn):
     if major >= 17:
         names = {r[0] for r in query(conn, "SELECT name FROM pg_wait_events WHERE type = 'Extension'")}
         assert {"OutboxIdle", "OutboxPaused"} <= names, names
+
+
+def drop_extension_warning(env):
+    """Run DROP EXTENSION outbox CASCADE in a transaction that is rolled back; return the
+    WARNING lines it raised."""
+    c = pg_connect(env, autocommit=False)
+    try:
+        with c.cursor() as cur:
+            cur.execute("SET LOCAL lock_timeout = '20s'")
+            cur.execute("DROP EXTENSION outbox CASCADE")
+        c.rollback()
+        return [n for n in c.notices if n.startswith("WARNING:") and "DROP EXTENSION" in n]
+    finally:
+        c.close()
+
+
+def test_drop_extension_warns_of_the_events_it_discards(env, conn, prefix):
+    """DROP EXTENSION outbox deletes outbox.events with the events Kafka never got: it says how
+    many in a WARNING, counted as outbox.status counts pending and failed events (published ones
+    are not), and says nothing when there are none.  Rolled back here."""
+    wait_until(lambda: relay_status(conn)[0]["pending"] == 0, 30, "an empty backlog")
+    agg_type = new_aggregate_type("dropwarn")
+    create_topics(env, [prefix + agg_type])
+    query_one(conn, "SELECT outbox.pause()")
+    try:
+        with conn.cursor() as cur:
+            for i in range(7):
+                emit(cur, agg_type, f"d-{i}", "d.e", {"i": i})
+        st = relay_status(conn)[0]
+        assert st["pending"] >= 7, st
+        discarded = st["pending"] + st["failed_events"]
+        warnings = drop_extension_warning(env)
+        assert len(warnings) == 1, warnings
+        assert f"discarded {discarded} events never published to Kafka" in warnings[0], (warnings, st)
+        assert query_one(conn, "SELECT count(*) FROM outbox.events WHERE aggregate_type = %s",
+                         (agg_type,))[0] == 7, "ROLLBACK kept the events"
+    finally:
+        query_one(conn, "SELECT outbox.resume()")
+    wait_until(lambda: relay_status(conn)[0]["pending"] == 0, 30, "the events published after resume()")
+    st = relay_status(conn)[0]
+    warnings = drop_extension_warning(env)
+    if st["failed_events"] == 0:
+        assert warnings == [], (warnings, st)
+    else:
+        assert len(warnings) == 1 and f"discarded {st['failed_events']} event" in warnings[0], (warnings, st)

@@ -14,18 +14,8 @@ import psycopg2
 import pytest
 
 from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type, pg_connect,
-                      pg_sh, query, query_one, relay_status, server_major, unique_messages,
-                      wait_relay_ready, wait_until)
-
-
-def set_conf(conn, **settings):
-    """ALTER SYSTEM SET outbox.<name> = value (None = RESET), then reload."""
-    for name, value in settings.items():
-        if value is None:
-            query(conn, f"ALTER SYSTEM RESET outbox.{name}")
-        else:
-            query(conn, f"ALTER SYSTEM SET outbox.{name} = %s", (str(value),))
-    query(conn, "SELECT pg_reload_conf()")
+                      pg_sh, query, query_one, relay_status, server_major, set_conf,
+                      unique_messages, wait_relay_ready, wait_until)
 
 
 def state(conn):

@@ -15,9 +15,9 @@ import signal
 import time
 
 from conftest import (LogWatcher, create_topics, kafka_sh, new_aggregate_type, pg_connect, pg_sh,
-                      query, query_one, relay_status, report, wait_relay_ready, wait_until)
+                      query, query_one, relay_status, report, set_conf, wait_relay_ready, wait_until)
 from helpers_crash import (EmitLoad, LightReader, StatusMonitor, Watermarks, assert_delivered,
-                           delivery_check, kill9, log_marker, set_conf, unpublished_upto)
+                           delivery_check, kill9, log_marker, unpublished_upto)
 
 SESSIONS = 8
 AGGREGATES = 64

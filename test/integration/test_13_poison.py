@@ -22,9 +22,9 @@ import uuid
 from confluent_kafka import Producer
 
 from conftest import (LogWatcher, admin, create_topics, emit, new_aggregate_type, query,
-                      query_one, report)
+                      query_one, report, set_conf)
 from helpers_faults import (MOCK_KAFKA_PROPERTIES, Stream, check_delivery, mock_reader,
-                            mock_topic, pump, read_all, relay_on_mock, row_summary, set_conf,
+                            mock_topic, pump, read_all, relay_on_mock, row_summary,
                             status, wait_all_published, wait_setting)
 
 MAX_ATTEMPTS = 3

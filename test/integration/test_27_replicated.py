@@ -24,9 +24,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from conftest import (REPO, new_aggregate_type, pg_connect, query, query_one, report, run_script, topic_prefix,
-                      wait_until, PARTITIONS)
+                      set_conf, wait_until, PARTITIONS)
 from helpers_crash import (EmitLoad, LightReader, assert_delivered, delivery_check,
-                           kill_postgres_under_load, set_conf)
+                           kill_postgres_under_load)
 
 pytestmark = pytest.mark.skipif(os.environ.get("OUTBOX_KAFKA3") != "1",
                                 reason="the 3-broker cluster runs on one major (OUTBOX_KAFKA3=1)")

@@ -23,9 +23,10 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, pg_sh, query,
-                      query_one, relay_status, report, topic_prefix, wait_relay_ready, wait_until)
+                      query_one, relay_status, report, set_conf, topic_prefix, wait_relay_ready,
+                      wait_until)
 from helpers_crash import (EmitLoad, LightReader, assert_delivered, delivery_check, kill9,
-                           pid_alive, postmaster_pid, set_conf, sort_unknown,
+                           pid_alive, postmaster_pid, sort_unknown,
                            start_pg_after_crash)
 
 READY_LINE = "exactly-once delivery ready"

@@ -51,6 +51,13 @@ SELECT outbox.purge(interval '0') AS deleted;
 SELECT aggregate_id, published_at IS NULL AS pending FROM outbox.events ORDER BY id;
 SELECT outbox.purge(interval '-1 second');
 SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+-- reaching back before 4713 BC, where timestamptz begins: nothing is that old (not 22008)
+UPDATE outbox.events SET published_at = now() - interval '2 days' WHERE aggregate_id = 'r5';
+SELECT outbox.purge(interval '1000000 years') AS deleted, outbox.purge(interval '6800 years') AS near_the_limit,
+       outbox.purge(interval '6000 years') AS below_it;
+SELECT outbox.purge(interval '2147483647 days') AS deleted, outbox.purge(interval '178000000 years') AS deleted_too;
+SELECT aggregate_id, published_at IS NULL AS pending FROM outbox.events ORDER BY id;
+UPDATE outbox.events SET published_at = NULL WHERE aggregate_id = 'r5';
 
 -- retry_failed: only events marked failed, all or one by event_id
 SELECT outbox.emit('order', 'r' || i, 'e', '{}') IS NOT NULL AS emitted FROM generate_series(6, 7) AS i;
@@ -65,4 +72,16 @@ SELECT aggregate_id, failed_at IS NULL AS not_failed, permanent_failures, attemp
        next_attempt_at IS NULL AS due_now
   FROM outbox.events ORDER BY id;
 
+-- outbox.database must name a database: ALTER SYSTEM checks it as the server's start does
+ALTER SYSTEM SET outbox.database = '';
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+
+-- DROP EXTENSION says what it discards (pending and failed); ROLLBACK keeps it all
+RESET client_min_messages;
+SELECT outbox.emit('order', 'r8', 'e', '{}') IS NOT NULL AS emitted;
+UPDATE outbox.events SET failed_at = now() WHERE aggregate_id = 'r6';
+BEGIN;
+DROP EXTENSION outbox;
+ROLLBACK;
+SELECT count(*) AS kept FROM outbox.events;
 DROP EXTENSION outbox;
