@@ -33,6 +33,8 @@
 #   OUTBOX_KAFKA_VOTERS           ID@127.0.0.1:CPORT controller.quorum.voters
 #   OUTBOX_KAFKA_REPLICATION      1                  default and internal topics' replication factor
 #   OUTBOX_KAFKA_MIN_ISR          1                  min.insync.replicas (and the internal topics')
+#   OUTBOX_KAFKA_EXTRA_PROPERTIES (empty)            more broker settings, key=value;key=value (experiments,
+#                                                    e.g. transaction.partition.verification.enable=false)
 #   JAVA_HOME / JAVA                                 java 17+ (default: /usr/lib/jvm/java-17-openjdk-amd64)
 set -euo pipefail
 
@@ -172,6 +174,9 @@ group.initial.rebalance.delay.ms=0
 broker.heartbeat.interval.ms=1000
 broker.session.timeout.ms=4000
 EOF
+    if [[ -n "${OUTBOX_KAFKA_EXTRA_PROPERTIES:-}" ]]; then
+        printf '# OUTBOX_KAFKA_EXTRA_PROPERTIES\n%s\n' "${OUTBOX_KAFKA_EXTRA_PROPERTIES//;/$'\n'}" >>"$SERVER_PROPS"
+    fi
     if [[ -n "$SPORT" ]]; then
         cat >>"$SERVER_PROPS" <<'EOF'
 # OUTBOX_KAFKA_SASL_PORT: SASL_PLAINTEXT listener with mechanism PLAIN (test credentials)
