@@ -447,7 +447,9 @@ outbox_producer_fatal_error(OutboxProducer *producer, rd_kafka_resp_err_t *code)
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR && !producer->fatal)
 		return NULL;
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		return pstrdup(producer->last_error_text);
+		return pstrdup(producer->last_error_text[0] != '\0' ?
+					   producer->last_error_text :
+					   "librdkafka gave no reason");
 	return psprintf("%s: %s", rd_kafka_err2name(err), errstr);
 }
 

@@ -177,7 +177,12 @@ classify(OutboxProducer *producer, rd_kafka_error_t *err, const char *what,
 	else
 		outcome = OUTBOX_TXN_FATAL; /* librdkafka: treat the rest as fatal */
 	if (outcome == OUTBOX_TXN_FATAL)
+	{
 		producer->fatal = true;
+		/* the reason the relay logs when it rebuilds the producer */
+		strlcpy(producer->last_error_text, *error,
+				sizeof(producer->last_error_text));
+	}
 	rd_kafka_error_destroy(err);
 	return outcome;
 }

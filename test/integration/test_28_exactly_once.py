@@ -193,6 +193,12 @@ def test_exactly_once_survives_the_worst_moments_and_a_zombie(env, conn, exactly
                     zombie_errors[kind] = str(e)
                 log = "\n".join(watcher.new_lines())
                 assert "Kafka producer failed fatally" in log and "_FENCED" in log, log[-3000:]
+                # the WARNING says why (the fencing came through the transactional API, whose
+                # error text once left the DETAIL line empty)
+                lines = log.splitlines()
+                details = [next((d for d in lines[i + 1:i + 4] if "DETAIL:" in d), "")
+                           for i, ln in enumerate(lines) if "Kafka producer failed fatally" in ln]
+                assert details and all(d.partition("DETAIL:")[2].strip() for d in details), details
                 wait_until(lambda: READY_LINE in "\n".join(watcher.new_lines()).split("_FENCED")[-1],
                            90, "the relay to start again after it was fenced")
                 timeline.append(f"{kind} at {time.monotonic() - t0:.1f}s")
