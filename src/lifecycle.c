@@ -340,10 +340,10 @@ count_unpublished(int64 *pending, int64 *failed)
 	bool		done = false;
 
 	SPI_connect();
-	if (SPI_execute("SELECT pg_catalog.to_regprocedure('outbox.published(outbox.events)') IS NOT NULL"
-					"   AND pg_catalog.has_table_privilege('outbox.events', 'SELECT')"
-					"   AND pg_catalog.has_table_privilege('outbox.relay_progress', 'SELECT')"
-					"   AND pg_catalog.has_function_privilege('outbox.published(outbox.events)', 'EXECUTE')",
+	/* by OID: a name that does not resolve gives NULL (false), not an error */
+	if (SPI_execute("SELECT pg_catalog.has_table_privilege(pg_catalog.to_regclass('outbox.events'), 'SELECT')"
+					"   AND pg_catalog.has_table_privilege(pg_catalog.to_regclass('outbox.relay_progress'), 'SELECT')"
+					"   AND pg_catalog.has_function_privilege(pg_catalog.to_regprocedure('outbox.published(outbox.events)'), 'EXECUTE')",
 					true, 1) == SPI_OK_SELECT &&
 		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
 								   SPI_tuptable->tupdesc, 1, &isnull)) &&
