@@ -518,7 +518,8 @@ jsonb_type_name(JsonbValue *v)
  * outbox_validate_topic
  *		Check the event's topic: the explicit one, or the routed one
  *		(outbox.topic_prefix || aggregate_type) when topic is NULL.  It must
- *		be a legal Kafka topic name (22023) and allowed by
+ *		be a legal Kafka topic name (22023), not one of Kafka's internal
+ *		topics (22023) nor outbox.progress_topic (42501), and allowed by
  *		outbox.allowed_topics (42501).  context, if not NULL, is prefixed to
  *		the messages (the trigger capture names its trigger and table).
  */
@@ -560,6 +561,14 @@ outbox_validate_topic(text *topic, text *aggregate_type, const char *context)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%stopic \"%s\" is internal to Kafka", context, name),
 				 errdetail("Kafka refuses to take events for its internal topics.")));
+
+	/* a record there could make an exactly_once relay skip events */
+	if (strcmp(name, outbox_progress_topic) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%stopic \"%s\" is the relay's progress topic", context, name),
+				 errdetail("outbox.progress_topic holds the progress records of outbox.delivery = exactly_once; an event there could make a relay skip events, or keep it from starting."),
+				 errhint("Send the event to another topic. In Kafka, let only the relay's principal write to the progress topic (an ACL).")));
 
 	if (!outbox_topic_list_allows(outbox_allowed_topic_list, name))
 		ereport(ERROR,

@@ -25,7 +25,9 @@
  *	  not written to Kafka, or a stretch of at_least_once) is left as it is.
  *	  One that is neither "before", "after" nor ahead (restored from a
  *	  backup, say) is left too, with a WARNING: events after its progress
- *	  may be sent again, never skipped.
+ *	  may be sent again, never skipped.  A record written for an earlier
+ *	  outbox.events (DROP and CREATE EXTENSION since) is ignored: ids
+ *	  start over, and it would mark events Kafka never got.
  *
  * The transactional.id is "outbox-<system identifier>-<database oid>": the
  * same after a restart, and on a promoted standby, so that an old primary
@@ -118,6 +120,7 @@ static const char *const adopt_rows_sql[2] = {
 static char *progress_key = NULL;
 
 static OutboxTxnOutcome init_alternate(OutboxProducer *producer, char **error);
+static bool record_for_table(const char *record, Oid relid);
 static void reconcile(const char *record);
 static void reconcile_snapshot(const char *record);
 static void reconcile_rows(const char *record);
@@ -217,16 +220,37 @@ outbox_eos_alternate(OutboxProducer *producer)
 }
 
 /*
+ * Was record written for the outbox.events whose OID is relid?  After DROP
+ * and CREATE EXTENSION the table is new, its ids and ctids start over, and
+ * a record of the old one would mark events published that Kafka never got.
+ * A record without the field (written before it existed) is taken as is.
+ */
+static bool
+record_for_table(const char *record, Oid relid)
+{
+	const char *field = strstr(record, "\"events_table\": ");
+
+	if (field == NULL)
+		return true;
+	return strtoul(field + strlen("\"events_table\": "), NULL, 10) == relid;
+}
+
+/*
  * Bring the database in line with the last committed progress record.
  */
 static void
 reconcile(const char *record)
 {
 	MemoryContext callercxt = outbox_relay_xact_begin("outbox relay: reconciling its progress with Kafka");
+	Oid			relid = outbox_lock_events_table();
 
-	if (OidIsValid(outbox_lock_events_table()))
+	if (OidIsValid(relid))
 	{
-		if (strncmp(record, "{\"kind\": \"snapshot\"", 19) == 0)
+		if (!record_for_table(record, relid))
+			ereport(LOG,
+					(errmsg("outbox relay: the last progress record in Kafka was written for an earlier outbox.events; ignored"),
+					 errdetail("The extension was dropped and created again since: event ids and row positions start over, so the record says nothing about today's events.")));
+		else if (strncmp(record, "{\"kind\": \"snapshot\"", 19) == 0)
 			reconcile_snapshot(record);
 		else if (strncmp(record, "{\"kind\": \"rows\"", 15) == 0)
 			reconcile_rows(record);
@@ -381,6 +405,8 @@ append_header(StringInfo buf, const char *kind)
 	escape_json(buf, datname ? datname : "");
 	appendStringInfo(buf, ", \"written_at\": \"%s\"",
 					 timestamptz_to_str(GetCurrentTimestamp()));
+	/* which outbox.events the record speaks of (see record_for_table) */
+	appendStringInfo(buf, ", \"events_table\": %u", outbox_lock_events_table());
 }
 
 /* [snapshot, id_floor, batch_snapshot, batch_id_floor, batch_last_id] */

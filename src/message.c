@@ -171,6 +171,13 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 					 psprintf("\"%s\" is not a legal Kafka topic name", topic));
 		return;
 	}
+	/* emit() refuses it too; an older row or a changed prefix may still name it */
+	if (strcmp(topic, outbox_progress_topic) == 0)
+	{
+		entry_failed(batch, entry, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION,
+					 psprintf("\"%s\" is the relay's progress topic (outbox.progress_topic)", topic));
+		return;
+	}
 	outbox_row_build_message(&row, topic, aggregate_type, aggregate_id, &space, &msg);
 
 	err = send_with_backpressure(producer, index, &msg);
