@@ -34,6 +34,32 @@
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
 
 /*
+ * Schema outbox may exist before CREATE EXTENSION (pg_restore makes it
+ * first, DROP EXTENSION leaves it behind), and CREATE EXTENSION then puts
+ * the objects in it as it is.  A schema owned by a role that is not a
+ * superuser would let that role create objects beside the extension's (an
+ * overload of outbox.emit() that superusers' and applications' calls
+ * resolve to, run with their privileges), so install only into a schema a
+ * superuser owns.
+ */
+DO $guard$
+DECLARE
+    owner_name name;
+BEGIN
+    SELECT r.rolname INTO owner_name
+      FROM pg_catalog.pg_namespace AS n
+      JOIN pg_catalog.pg_roles AS r ON r.oid = n.nspowner
+     WHERE n.nspname = 'outbox' AND NOT r.rolsuper;
+    IF FOUND THEN
+        RAISE EXCEPTION 'schema outbox is owned by role "%", which is not a superuser', owner_name
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'The owner of the schema could create objects in it that run with the privileges of the extension''s callers.',
+                  HINT = 'ALTER SCHEMA outbox OWNER TO a superuser (or DROP SCHEMA outbox when it holds nothing you need), then CREATE EXTENSION outbox again.';
+    END IF;
+END
+$guard$;
+
+/*
  * The outbox table.  Rows are written by outbox.emit() in the caller's
  * transaction and read, in id order, by the relay worker.  It is a normal,
  * WAL-logged table: an unlogged outbox would lose events on a crash.

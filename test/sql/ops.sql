@@ -92,3 +92,16 @@ DROP EXTENSION outbox;
 CREATE EXTENSION outbox VERSION '1.3';
 SELECT outbox.emit('order', 'old', 'e', '{}') IS NOT NULL AS emitted;
 DROP EXTENSION outbox;
+
+-- schema outbox left behind, now owned by a role that is not a superuser: CREATE EXTENSION
+-- refuses it (that owner could plant an overload of outbox.emit()); owned by a superuser again, it works
+CREATE ROLE regress_outbox_schema_owner NOLOGIN;
+ALTER SCHEMA outbox OWNER TO regress_outbox_schema_owner;
+CREATE EXTENSION outbox;
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT count(*) AS extensions FROM pg_extension WHERE extname = 'outbox';
+ALTER SCHEMA outbox OWNER TO CURRENT_USER;
+DROP ROLE regress_outbox_schema_owner;
+CREATE EXTENSION outbox;
+SELECT extversion FROM pg_extension WHERE extname = 'outbox';
+DROP EXTENSION outbox;
