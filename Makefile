@@ -33,6 +33,7 @@ OBJS = \
 	src/worker.o \
 	src/connect.o \
 	src/batch.o \
+	src/batch_report.o \
 	src/claim.o \
 	src/message.o \
 	src/row_message.o \

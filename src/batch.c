@@ -236,6 +236,7 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
 	(void) outbox_fetch_and_produce(producer, batch, portal, rowcxt);
 	result->claimed = batch->n;
 	rows_claimed_nothing = (batch->n == 0);
+	result->rows_held = rows_claimed_nothing;
 
 	if (eos && batch->n > 0)
 		(void) outbox_eos_add_record(producer,

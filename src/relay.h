@@ -28,6 +28,8 @@ typedef struct OutboxBatchResult
 	int			overtaken;		/* published after an earlier failed event
 								 * of the same aggregate */
 	bool		aborted;		/* reports abandoned; rows stay unpublished */
+	bool		rows_held;		/* row-tracked events were due, none could be
+								 * claimed: all wait behind a failed one */
 	bool		fatal;			/* the producer must be rebuilt */
 	char	   *first_error;	/* text of the first failure, or NULL */
 	MemoryContext cxt;			/* where first_error lives: the caller's */
@@ -35,5 +37,10 @@ typedef struct OutboxBatchResult
 
 extern void outbox_relay_batch(OutboxProducer *producer,
 							   OutboxBatchResult *result);
+
+/* batch_report.c */
+extern void outbox_report_batch(const OutboxBatchResult *result);
+extern void outbox_update_broker_state(OutboxProducer *producer,
+									   const OutboxBatchResult *result);
 
 #endif							/* OUTBOX_RELAY_H */

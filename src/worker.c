@@ -43,10 +43,6 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-/* while Kafka seems down and nothing is pending: how often to ask it */
-#define PROBE_INTERVAL_MS		5000
-#define PROBE_TIMEOUT_MS		1000
-
 /* backoff after an unexpected error, doubling up to the cap */
 #define ERROR_BACKOFF_MIN_MS	1000
 #define ERROR_BACKOFF_MAX_MS	10000
@@ -63,9 +59,7 @@ static void recover_from_error(void);
 static void wait_out(long ms, OutboxWait wait, bool control_ends_it,
 					 uint32 control_seq);
 static long relay_step(void);
-static void report_batch(const OutboxBatchResult *result);
 static long rebuild_failed_producer(void);
-static void update_broker_state(const OutboxBatchResult *result);
 static bool ensure_producer(void);
 static bool start_transactions(char **error);
 static void enter_config_error(const char *what, const char *error,
@@ -369,10 +363,23 @@ relay_step(void)
 		return outbox_poll_interval;
 	}
 
-	report_batch(&result);
+	outbox_report_batch(&result);
 	if (result.fatal)
 		return rebuild_failed_producer();
-	update_broker_state(&result);
+
+	/*
+	 * Row-tracked events were due, but each waits behind a failed event of
+	 * its aggregate (on_failed_event = hold): the next pass turns to the
+	 * snapshot batch.  It runs at once, or the relay would drain one
+	 * snapshot batch per poll interval while such an event is held; and
+	 * the state is left for that batch to tell.
+	 */
+	if (result.rows_held && !result.aborted)
+	{
+		producer = outbox_eos_alternate(producer);
+		return 0;
+	}
+	outbox_update_broker_state(producer, &result);
 	/* exactly_once: the next batch goes out through the other producer */
 	producer = outbox_eos_alternate(producer);
 
@@ -385,34 +392,6 @@ relay_step(void)
 		!result.aborted)
 		return 0;
 	return outbox_poll_interval;
-}
-
-/*
- * Add a batch's counts to outbox.status, record its first error there, and
- * warn about the events it marked failed and those acknowledged after an
- * earlier event of their aggregate failed.
- */
-static void
-report_batch(const OutboxBatchResult *result)
-{
-	outbox_status_count(result->published, result->dead_lettered,
-						result->failed_permanent + result->failed_transient +
-						result->failed_unattributed);
-	if (result->first_error != NULL)
-		outbox_status_set_error(result->first_error);
-	if (result->dead_lettered > 0)
-		ereport(WARNING,
-				(errmsg("outbox relay marked %d event(s) failed: Kafka refused them %d time(s)",
-						result->dead_lettered, outbox_max_attempts),
-				 errdetail("First error of this batch: %s", result->first_error),
-				 errhint("Failed events keep their rows (failed_at is set); SELECT outbox.retry_failed() requeues them.%s",
-						 outbox_on_failed_event == OUTBOX_ON_FAILED_HOLD ?
-						 " Later events of their aggregates wait behind them (outbox.on_failed_event = hold)." : "")));
-	if (result->overtaken > 0)
-		ereport(WARNING,
-				(errmsg("outbox relay: %d event(s) were acknowledged after an earlier event of the same aggregate failed",
-						result->overtaken),
-				 errdetail("First failure: %s", result->first_error)));
 }
 
 /*
@@ -439,45 +418,6 @@ rebuild_failed_producer(void)
 	outbox_producer_destroy(producer);
 	producer = NULL;
 	return code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE ? 0 : 1000;
-}
-
-/*
- * What does this batch tell us about the broker?  Any transient failure
- * means trouble, even if part of the batch was acknowledged before it
- * began; only a batch without one, or an answer to a probe, means Kafka
- * is reachable again.
- */
-static void
-update_broker_state(const OutboxBatchResult *result)
-{
-	static TimestampTz last_probe = 0;
-
-	if (result->failed_transient > 0 || result->aborted)
-		outbox_enter_state(OUTBOX_STATE_BROKER_DOWN,
-						   result->first_error ? result->first_error : producer->last_error_text);
-	else if (result->published > 0)
-	{
-		outbox_enter_state(OUTBOX_STATE_PUBLISHING, NULL);
-		producer->cause_text[0] = '\0';
-	}
-	else if (producer->all_brokers_down &&
-			 outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
-	{
-		/* librdkafka also says this when an idle connection is closed */
-		if (!outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
-			outbox_enter_state(OUTBOX_STATE_BROKER_DOWN, producer->last_error_text);
-		last_probe = GetCurrentTimestamp();
-	}
-	else if (outbox_relay_state() == OUTBOX_STATE_BROKER_DOWN && result->claimed == 0 &&
-			 TimestampDifferenceExceeds(last_probe, GetCurrentTimestamp(), PROBE_INTERVAL_MS))
-	{
-		if (outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
-			outbox_enter_state(OUTBOX_STATE_IDLE, NULL);
-		last_probe = GetCurrentTimestamp();
-	}
-	else if (outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)
-		outbox_enter_state(result->claimed > 0 ? OUTBOX_STATE_PUBLISHING : OUTBOX_STATE_IDLE, NULL);
-	producer->all_brokers_down = false;
 }
 
 /*
