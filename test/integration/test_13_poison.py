@@ -19,9 +19,9 @@ import re
 import time
 import uuid
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-from conftest import (LogWatcher, admin, create_topics, emit, new_aggregate_type, query,
+from conftest import (PARTITIONS, LogWatcher, admin, create_topics, emit, new_aggregate_type, query,
                       query_one, report, set_conf, wait_until)
 from helpers_faults import (MOCK_KAFKA_PROPERTIES, Stream, check_delivery, mock_reader,
                             mock_topic, pump, read_all, relay_on_mock, row_summary,
@@ -329,6 +329,41 @@ def test_held_event_does_not_slow_the_others(env, conn, prefix, reader_factory):
         assert len(got) >= n, f"{len(got)} of {n} events arrived"
     finally:
         set_conf(conn, max_attempts=None, poll_interval=None, batch_size=None)
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)", (agg_type,))
+
+def test_event_routed_to_the_progress_topic_is_a_dead_letter(env, conn, prefix):
+    """emit() refuses outbox.progress_topic (42501, pg_regress emit), but an event emitted before
+    the setting named its topic still names it: the relay marks it failed and never produces it
+    there (a record in the progress topic could make an exactly_once relay skip events)."""
+    agg_type = new_aggregate_type("poison_progress")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    try:
+        set_conf(conn, max_attempts=1)
+        wait_setting(conn, "max_attempts", "1")
+        query(conn, "SELECT outbox.pause()")
+        ev = query_one(conn, "SELECT outbox.emit(%s, 'p-1', 'it.routed', '{}', NULL, %s)", (agg_type, topic))[0]
+        set_conf(conn, progress_topic=topic)
+        wait_setting(conn, "progress_topic", topic)
+        time.sleep(1)           # the relay applies the reload at its next loop
+        query(conn, "SELECT outbox.resume()")
+        rows, _, _ = watch_until_failed(conn, [ev], timeout=30)
+        r = rows[ev]
+        assert "progress topic" in (r["last_error"] or ""), r
+        assert not r["published"], r
+        # and nothing reached that topic
+        c = Consumer({"bootstrap.servers": env.bootstrap, "group.id": "t13-" + uuid.uuid4().hex})
+        try:
+            held = sum(hi - lo for lo, hi in (c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                                              for p in range(PARTITIONS)))
+        finally:
+            c.close()
+        report(f"OUTBOX POISON progress topic: an older event routed to outbox.progress_topic was marked"
+               f" failed ({r['last_error']!r}); the topic holds {held} messages")
+        assert held == 0, f"{held} messages produced to the progress topic"
+    finally:
+        query(conn, "SELECT outbox.resume()")
+        set_conf(conn, max_attempts=None, progress_topic=None)
         query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)", (agg_type,))
 
 def create_limited_topic(env, name: str, config: dict):
