@@ -107,6 +107,7 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 		return;
 	}
 	begin_batch(producer, &batch);
+	batch.events_relid = relid;
 	if (relay_is_paused(relid))
 	{
 		result->paused = true;
@@ -143,6 +144,13 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	relay_claimed_rows(producer, &batch, portal, variant != CLAIM_V10, result);
 	outbox_relay_xact_end(callercxt, true);
 	RESUME_INTERRUPTS();
+
+	/*
+	 * From 1.4 on, rows are claimed only when one is due: an empty claim
+	 * means they all wait behind a failed event, and the snapshot batch is
+	 * next (an empty claim before 1.4 is just an empty table).
+	 */
+	result->rows_held = snapshot_schema && batch.n == 0;
 }
 
 /*
@@ -236,11 +244,10 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
 	(void) outbox_fetch_and_produce(producer, batch, portal, rowcxt);
 	result->claimed = batch->n;
 	rows_claimed_nothing = (batch->n == 0);
-	result->rows_held = rows_claimed_nothing;
 
 	if (eos && batch->n > 0)
 		(void) outbox_eos_add_record(producer,
-									 outbox_eos_rows_record(batch->entries, batch->n),
+									 outbox_eos_rows_record(batch),
 									 batch->n);
 	if (batch->n > 0)
 		wait_for_reports(producer, result);
@@ -340,7 +347,7 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 		/* the record says what the database will say if all goes out */
 		sb.from = batch->entries[batch->n - 1].id;
 		(void) outbox_eos_add_record(producer,
-									 outbox_eos_snapshot_record(&sb, batch->entries, batch->n),
+									 outbox_eos_snapshot_record(&sb, batch),
 									 batch->n);
 	}
 	if (batch->n > 0)

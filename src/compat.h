@@ -70,16 +70,21 @@
 #endif
 
 /*
- * PostgreSQL 16 replaced the per-kind ownership checks such as
- * pg_database_ownercheck() with object_ownercheck().
+ * PostgreSQL 16 replaced the per-kind ownership and privilege checks such
+ * as pg_database_ownercheck() and pg_namespace_aclcheck() with
+ * object_ownercheck() and object_aclcheck().
  */
 #include "utils/acl.h"
 #if PG_VERSION_NUM >= 160000
 #define outbox_database_ownercheck(dboid, roleid) \
 	object_ownercheck(DatabaseRelationId, (dboid), (roleid))
+#define outbox_namespace_aclcheck(nspoid, roleid, mode) \
+	object_aclcheck(NamespaceRelationId, (nspoid), (roleid), (mode))
 #else
 #define outbox_database_ownercheck(dboid, roleid) \
 	pg_database_ownercheck((dboid), (roleid))
+#define outbox_namespace_aclcheck(nspoid, roleid, mode) \
+	pg_namespace_aclcheck((nspoid), (roleid), (mode))
 #endif
 
 #endif							/* OUTBOX_COMPAT_H */

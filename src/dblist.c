@@ -27,12 +27,16 @@
 #include "utils/snapmgr.h"
 #include "utils/varlena.h"
 
+static bool replace_value(char **newval, const char *value);
+
 /*
  * outbox_check_databases
  *		The check hook of outbox.databases: '', '*' or a comma-separated
  *		list of database names (SplitGUCList: double quotes keep commas and
  *		spaces, nothing is downcased), no empty item, '*' only alone, no
- *		name of NAMEDATALEN bytes or more.  source is a GucSource.
+ *		name of NAMEDATALEN bytes or more.  source is a GucSource.  A value
+ *		of blanks is stored as '', and ' * ' as '*', the values everything
+ *		else compares with.
  */
 bool
 outbox_check_databases(char **newval, void **extra, GucSource source)
@@ -47,6 +51,9 @@ outbox_check_databases(char **newval, void **extra, GucSource source)
 		GUC_check_errdetail("outbox.databases must be *, or a comma-separated list of database names without empty items.");
 		return false;
 	}
+	if (items == NIL ||
+		(list_length(items) == 1 && strcmp(linitial(items), "*") == 0))
+		return replace_value(newval, items == NIL ? "" : "*");
 	foreach(lc, items)
 	{
 		const char *name = lfirst(lc);
@@ -68,6 +75,22 @@ outbox_check_databases(char **newval, void **extra, GucSource source)
 			return false;
 		}
 	}
+	return true;
+}
+
+/*
+ * Replace a check hook's *newval by value, allocated as GUC values are.
+ * False (the value is refused) only when out of memory.
+ */
+static bool
+replace_value(char **newval, const char *value)
+{
+	char	   *copy = outbox_guc_strdup(value);
+
+	if (copy == NULL)
+		return false;
+	outbox_guc_free(*newval);
+	*newval = copy;
 	return true;
 }
 

@@ -127,7 +127,7 @@ static void reconcile_rows(const char *record);
 static void append_state(StringInfo buf, const char *snapshot, int64 floor,
 						 bool in_batch, const char *batch_snapshot,
 						 int64 batch_floor, int64 last_id);
-static void append_header(StringInfo buf, const char *kind);
+static void append_header(StringInfo buf, const char *kind, Oid events_relid);
 
 /*
  * outbox_eos_transactional_id
@@ -332,27 +332,27 @@ outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result)
 
 /*
  * outbox_eos_snapshot_record
- *		The progress record of a snapshot batch (snapshot.c) of nevents
- *		events: relay_progress as sb found it ("before") and as
+ *		The progress record of the snapshot batch (snapshot.c) of batch:
+ *		relay_progress as sb found it ("before") and as
  *		outbox_snapshot_save() will leave it ("after"), and the events held
  *		back, which go to row tracking with it ("demote").  JSON text,
  *		palloc'd.
  */
 char *
-outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb,
-						   const BatchEntry *entries, int nevents)
+outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, const Batch *batch)
 {
 	StringInfoData buf;
 	bool		first = true;
 
 	initStringInfo(&buf);
-	append_header(&buf, "snapshot");
-	appendStringInfo(&buf, ", \"events\": %d, \"demote\": [", nevents);
-	for (int i = 0; i < nevents; i++)
+	append_header(&buf, "snapshot", batch->events_relid);
+	appendStringInfo(&buf, ", \"events\": %d, \"demote\": [", batch->n);
+	for (int i = 0; i < batch->n; i++)
 	{
-		if (!entries[i].held_back)
+		if (!batch->entries[i].held_back)
 			continue;
-		appendStringInfo(&buf, "%s" INT64_FORMAT, first ? "" : ", ", entries[i].id);
+		appendStringInfo(&buf, "%s" INT64_FORMAT, first ? "" : ", ",
+						 batch->entries[i].id);
 		first = false;
 	}
 	appendStringInfoString(&buf, "], \"before\": ");
@@ -374,15 +374,16 @@ outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb,
  *		the ctids of the row versions claimed.
  */
 char *
-outbox_eos_rows_record(const BatchEntry *entries, int n)
+outbox_eos_rows_record(const Batch *batch)
 {
+	const BatchEntry *entries = batch->entries;
 	StringInfoData buf;
 	bool		first = true;
 
 	initStringInfo(&buf);
-	append_header(&buf, "rows");
-	appendStringInfo(&buf, ", \"events\": %d, \"rows\": [", n);
-	for (int i = 0; i < n; i++)
+	append_header(&buf, "rows", batch->events_relid);
+	appendStringInfo(&buf, ", \"events\": %d, \"rows\": [", batch->n);
+	for (int i = 0; i < batch->n; i++)
 	{
 		if (!entries[i].produced)
 			continue;			/* held back: not in the transaction */
@@ -397,7 +398,7 @@ outbox_eos_rows_record(const BatchEntry *entries, int n)
 }
 
 static void
-append_header(StringInfo buf, const char *kind)
+append_header(StringInfo buf, const char *kind, Oid events_relid)
 {
 	char	   *datname = get_database_name(MyDatabaseId);
 
@@ -406,7 +407,7 @@ append_header(StringInfo buf, const char *kind)
 	appendStringInfo(buf, ", \"written_at\": \"%s\"",
 					 timestamptz_to_str(GetCurrentTimestamp()));
 	/* which outbox.events the record speaks of (see record_for_table) */
-	appendStringInfo(buf, ", \"events_table\": %u", outbox_lock_events_table());
+	appendStringInfo(buf, ", \"events_table\": %u", events_relid);
 }
 
 /* [snapshot, id_floor, batch_snapshot, batch_id_floor, batch_last_id] */

@@ -25,8 +25,8 @@ extern OutboxEosStart outbox_eos_start(OutboxProducer *producer, char **error);
 extern OutboxProducer *outbox_eos_alternate(OutboxProducer *producer);
 extern bool outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result);
 extern char *outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb,
-										const BatchEntry *entries, int nevents);
-extern char *outbox_eos_rows_record(const BatchEntry *entries, int n);
+										const Batch *batch);
+extern char *outbox_eos_rows_record(const Batch *batch);
 extern bool outbox_eos_add_record(OutboxProducer *producer, const char *record,
 								  int index);
 extern bool outbox_eos_commit(OutboxProducer *producer, int index,

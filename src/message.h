@@ -67,6 +67,7 @@ typedef struct Batch
 	MemoryContext cxt;			/* lives until the batch is marked */
 	struct HTAB *held;			/* snapshot batch: aggregates waiting behind
 								 * a row-tracked event (snapshot.c), or NULL */
+	Oid			events_relid;	/* outbox.events, locked for the transaction */
 } Batch;
 
 extern int	outbox_fetch_and_produce(OutboxProducer *producer, Batch *batch,

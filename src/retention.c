@@ -16,6 +16,8 @@
 #include "vacuum.h"
 
 #include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -165,6 +167,21 @@ oldest_row_tracked_due(Datum *args)
 }
 
 /*
+ * May the relay's role look into schema outbox?  Without USAGE on it the
+ * relay cannot publish either, and its batches say so (state error); the
+ * retention then stays out of the way instead of warning that publishing
+ * goes on without it.  No schema: outbox_lock_events_table() finds no table.
+ */
+static bool
+relay_may_use_schema(void)
+{
+	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, true);
+
+	return !OidIsValid(nsp) ||
+		outbox_namespace_aclcheck(nsp, GetUserId(), ACL_USAGE) == ACLCHECK_OK;
+}
+
+/*
  * Delete events published more than outbox.retention seconds ago.  Runs
  * in its own transaction, in chunks of CLEANUP_CHUNK rows, looking only
  * at the oldest rows of the table (published rows are the oldest), so its
@@ -185,7 +202,7 @@ cleanup_published(void)
 		return 0;
 
 	callercxt = outbox_relay_xact_begin("outbox relay: deleting published events");
-	relid = outbox_lock_events_table();
+	relid = relay_may_use_schema() ? outbox_lock_events_table() : InvalidOid;
 	if (OidIsValid(relid))
 	{
 		Oid			types[3] = {TIMESTAMPTZOID, INT4OID, INT8OID};

@@ -14,11 +14,19 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 
-if [[ "${1:-}" == stop ]]; then
-    test/env/pg.sh stop
-    test/env/kafka.sh stop
-    exit 0
-fi
+case "${1:-}" in
+    stop)
+        test/env/pg.sh stop
+        test/env/kafka.sh stop
+        exit 0 ;;
+    -h|--help|help)
+        sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        exit 0 ;;
+    "") ;;
+    *)
+        echo "demo.sh: unknown argument '$1' (try: test/demo.sh --help)" >&2
+        exit 2 ;;
+esac
 
 export OUTBOX_KAFKA=127.0.0.1:19092
 eval "$(test/env/pg.sh env)"

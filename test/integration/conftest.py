@@ -187,6 +187,21 @@ def set_conf(conn, **settings):
     query(conn, "SELECT pg_reload_conf()")
 
 
+def relay_cpu_while_idle(conn, seconds: float = 5.0) -> float:
+    """CPU seconds (all threads) the relay of conn's database used over seconds while the test
+    emits nothing.  An idle relay sleeps between passes and uses a few hundredths; one that loops
+    without sleeping uses most of a core.  Read from /proc: the server runs on this machine."""
+    pid = relay_status(conn)[0]["pid"]
+
+    def cpu():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+    before = cpu()
+    time.sleep(seconds)
+    assert relay_status(conn)[0]["pid"] == pid, "the relay was replaced while measured"
+    return cpu() - before
+
+
 EMIT_SQL = "SELECT outbox.emit(%s, %s, %s, %s::jsonb, %s::jsonb, %s)"
 
 

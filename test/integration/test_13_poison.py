@@ -22,7 +22,7 @@ import uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from conftest import (PARTITIONS, LogWatcher, admin, create_topics, emit, new_aggregate_type, query,
-                      query_one, report, set_conf, wait_until)
+                      query_one, relay_cpu_while_idle, report, set_conf, wait_until)
 from helpers_faults import (MOCK_KAFKA_PROPERTIES, Stream, check_delivery, mock_reader,
                             mock_topic, pump, read_all, relay_on_mock, row_summary,
                             status, wait_all_published, wait_setting)
@@ -323,10 +323,15 @@ def test_held_event_does_not_slow_the_others(env, conn, prefix, reader_factory):
         got = {m.event_id for m in reader.read_until(n, timeout=60, extra=1)}
         assert poison not in got and held not in got, "the failed event or the one behind it went out"
         st = status(conn)
+        # the held event stays due to the row-tracked claim, which takes nothing: the relay must
+        # still sleep between passes, not turn from that claim to the snapshot batch and back
+        idle_cpu = relay_cpu_while_idle(conn)
         report(f"OUTBOX POISON hold: {n} events of other aggregates drained in {took:.1f} s beside one"
                f" held behind a dead letter (poll_interval 5 s, batch_size 100: {n // 100} batches;"
-               f" one batch per poll interval would take {n // 100 * 5} s); state {st['state']}")
+               f" one batch per poll interval would take {n // 100 * 5} s); state {st['state']};"
+               f" then {idle_cpu:.2f} s of CPU in 5 s while only the held event waits")
         assert len(got) >= n, f"{len(got)} of {n} events arrived"
+        assert idle_cpu < 1.0, f"the relay used {idle_cpu:.2f} s of CPU in 5 s: it does not sleep"
     finally:
         set_conf(conn, max_attempts=None, poll_interval=None, batch_size=None)
         query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s AND NOT outbox.published(events)", (agg_type,))

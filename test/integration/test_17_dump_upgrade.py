@@ -31,9 +31,10 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from conftest import (LogWatcher, create_topics, delivery_errors, emit_round_robin, new_aggregate_type,
-                      order_problems, pg_connect, query, query_one, relay_status, report,
-                      topic_prefix, unique_messages, wait_relay_ready, wait_until)
+from conftest import (LogWatcher, create_topics, delivery_errors, emit_round_robin,
+                      new_aggregate_type, order_problems, pg_connect, query, query_one,
+                      relay_cpu_while_idle, relay_status, report, topic_prefix, unique_messages,
+                      wait_relay_ready, wait_until)
 from helpers_lifecycle import (PG_BINDIR, Emitter, connect_db, count_check, error_lines_of,
                                extra_cluster, id_counts, order_violations,
                                relay_exit_lines, relay_pids, server_crashes, set_system, timed)
@@ -352,6 +353,9 @@ def test_update_while_the_relay_runs(env, reader_factory):
         e.close()
         count_check(id_counts(reader.read_until(len(first), timeout=30, extra=0)),
                     [x for x, _, _ in first], "events relayed with the 1.0 schema")
+        # with nothing to send, a relay of the 1.0 schema sleeps (its every claim is empty)
+        idle_cpu = relay_cpu_while_idle(c)
+        assert idle_cpu < 1.0, f"an idle relay of the 1.0 schema used {idle_cpu:.2f} s of CPU in 5 s"
 
         em = Emitter(other, agg_type, 6, "u")
         # continue the seq numbers of first
@@ -393,7 +397,8 @@ def test_update_while_the_relay_runs(env, reader_factory):
         report(f"OUTBOX UPGRADE live: ALTER EXTENSION outbox UPDATE (1.0 -> current) took {update_s:.2f}s"
                f" with the relay running and events flowing; worker {pid} kept, {len(expected)} events"
                f" ({len(first)} before, {len(events)} around/after, {n_updating} committed during the"
-               f" update) delivered once each, in order; 0 emit errors")
+               f" update) delivered once each, in order; 0 emit errors; idle with the 1.0 schema"
+               f" it used {idle_cpu:.2f} s of CPU in 5 s")
         c.close()
 
 

@@ -255,6 +255,13 @@ def test_launcher_relays_every_database(env):
         assert not reader.wait_for(last, DELIVERY_TIMEOUT_S, extra=0), "events of the listed database"
         reader.close()
 
+        # ' * ' is '*' (a user's try saw it refused: '"*" must be the only item'), and relays
+        # come back for every database with the extension
+        set_system(c, "outbox.databases", " * ")
+        wait_until(lambda: len(relay_dbs(c)) > 1, 15, "every database's relay again after ' * '")
+        shown = query_one(c, "SHOW outbox.databases")[0]
+        assert shown == "*", shown
+
         crashes = server_crashes(watcher.new_lines())
         report(f"OUTBOX LAUNCHER under load: 5 databases, {sum(SESSIONS)} sessions (+1 in {NEW_DB}),"
                f" {len(present)} committed events arrived (of them {len(maybe)} of uncertain outcome"
