@@ -35,7 +35,7 @@ outbox_report_batch(const OutboxBatchResult *result)
 		outbox_status_set_error(result->first_error);
 	if (result->dead_lettered > 0)
 		ereport(WARNING,
-				(errmsg("outbox relay marked %d event(s) failed: Kafka refused them %d time(s)",
+				(errmsg("outbox relay marked %d event(s) failed: each was refused %d time(s)",
 						result->dead_lettered, outbox_max_attempts),
 				 errdetail("First error of this batch: %s", result->first_error),
 				 errhint("Failed events keep their rows (failed_at is set); SELECT outbox.retry_failed() requeues them.%s",
@@ -85,6 +85,11 @@ outbox_update_broker_state(OutboxProducer *producer,
 	{
 		if (outbox_producer_probe(producer, PROBE_TIMEOUT_MS))
 			outbox_enter_state(OUTBOX_STATE_IDLE, NULL);
+		else if (producer->last_error_text[0] != '\0')
+		{
+			/* still down, maybe for another reason (a new bootstrap_servers) */
+			outbox_status_set_error(producer->last_error_text);
+		}
 		last_probe = GetCurrentTimestamp();
 	}
 	else if (outbox_relay_state() != OUTBOX_STATE_BROKER_DOWN)

@@ -227,6 +227,13 @@ warn_if_not_relayed(void)
 						   outbox_database),
 				 errhint("Emit in database \"%s\", or set outbox.database = '%s' and restart the server.",
 						 outbox_database, dbname)));
+	else if (coverage == OUTBOX_UNSERVABLE_DATABASE)
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox events emitted in database \"%s\" are not published", dbname),
+				 errdetail("It is a template or does not accept connections, so no relay can connect to it."),
+				 errhint("ALTER DATABASE \"%s\" IS_TEMPLATE false ALLOW_CONNECTIONS true, or emit in another database.",
+						 dbname)));
 }
 
 /*

@@ -333,19 +333,11 @@ static void
 take_events(void)
 {
 	Oid			events[OUTBOX_MAX_EVENTS];
-	int			n;
 	bool		overflow;
+	int			n = outbox_take_created(events, &overflow);
 	HASH_SEQ_STATUS seq;
 	LauncherDb *db;
 	int			i;
-
-	SpinLockAcquire(&outbox_shared->mutex);
-	n = outbox_shared->nevents;
-	memcpy(events, outbox_shared->events, sizeof(Oid) * n);
-	overflow = outbox_shared->events_overflow;
-	outbox_shared->nevents = 0;
-	outbox_shared->events_overflow = false;
-	SpinLockRelease(&outbox_shared->mutex);
 
 	if (n == 0 && !overflow)
 		return;
@@ -382,6 +374,7 @@ reap_relays(TimestampTz now)
 	{
 		pid_t		pid;
 		bool		absent;
+		bool		connected;
 		int			delay;
 
 		if (db->handle == NULL)
@@ -400,8 +393,11 @@ reap_relays(TimestampTz now)
 		db->handle = NULL;
 		SpinLockAcquire(&outbox_shared->slots[db->slot].mutex);
 		absent = outbox_shared->slots[db->slot].extension_absent;
+		/* a relay registers in its slot once connected (worker.c) */
+		connected = outbox_shared->slots[db->slot].worker_pid != 0;
 		SpinLockRelease(&outbox_shared->slots[db->slot].mutex);
-		free_slot(db);
+		if (db->stopping || absent || connected)
+			free_slot(db);
 		if (db->stopping)
 			db->stopping = false;
 		else if (absent && db->created)
@@ -416,9 +412,11 @@ reap_relays(TimestampTz now)
 		{
 			if (TimestampDifferenceExceeds(db->started_at, now, RELAY_STABLE_MS))
 				db->failures = 0;
-			delay = RELAY_BACKOFF_MIN_MS << Min(db->failures, 6);
+			delay = Min(RELAY_BACKOFF_MIN_MS << Min(db->failures, 6), RELAY_BACKOFF_MAX_MS);
 			db->failures++;
-			db->start_after = TimestampTzPlusMilliseconds(now, Min(delay, RELAY_BACKOFF_MAX_MS));
+			db->start_after = TimestampTzPlusMilliseconds(now, delay);
+			if (!connected)
+				outbox_status_refused(&outbox_shared->slots[db->slot], db->name, delay);
 		}
 	}
 }

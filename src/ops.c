@@ -104,6 +104,13 @@ warn_if_not_relayed_here(FunctionCallInfo fcinfo)
 							   outbox_database),
 					 errhint("Call it in database \"%s\".", outbox_database)));
 			break;
+		case OUTBOX_UNSERVABLE_DATABASE:
+			ereport(WARNING,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("outbox.%s() in database \"%s\" has no effect on any relay",
+							get_func_name(fcinfo->flinfo->fn_oid), dbname),
+					 errdetail("It is a template or does not accept connections, so no relay can connect to it.")));
+			break;
 		case OUTBOX_RELAYED:
 			break;
 	}

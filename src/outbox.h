@@ -137,7 +137,9 @@ typedef enum OutboxRelayCoverage
 {
 	OUTBOX_RELAYED,
 	OUTBOX_NOT_PRELOADED,		/* no relay runs: not in shared_preload_libraries */
-	OUTBOX_OTHER_DATABASE		/* not covered by outbox.databases (or .database) */
+	OUTBOX_OTHER_DATABASE,		/* not covered by outbox.databases (or .database) */
+	OUTBOX_UNSERVABLE_DATABASE	/* covered, but a template or closed to
+								 * connections: no relay can connect */
 } OutboxRelayCoverage;
 
 extern OutboxRelayCoverage outbox_relay_coverage(char **dbname);
@@ -276,6 +278,7 @@ extern void outbox_stop_relays(Oid dboid, int wait_ms);
 extern int	outbox_slot_take(Oid dboid, const char *name);
 extern void outbox_slot_free(int slot);
 extern void outbox_set_unserved(const OutboxUnserved *list, int n);
+extern int	outbox_take_created(Oid *dboids, bool *overflow);
 
 /*
  * emit.c: writing events

@@ -110,6 +110,16 @@ static SPIPlanPtr cleanup_rows_bounded_plan = NULL;
 static bool cleanup_failing = false;
 
 /*
+ * In snapshot mode the retention of row-tracked events stops at the highest
+ * id this process marked published (outbox_highest_published_id), which is
+ * 0 after a start: row-tracked events published by an earlier relay process
+ * (before a restart, or in row mode before a switch) would be kept for
+ * ever.  So the highest id of those is read once per process (-1: not yet),
+ * and forgotten (0) once none is left at or below it.
+ */
+static int64 earlier_published_id = -1;
+
+/*
  * Run one retention statement (a chunk of at most CLEANUP_CHUNK rows) until
  * it deletes nothing or CLEANUP_MAX_CHUNKS ran; returns the rows deleted.
  */
@@ -146,7 +156,7 @@ cleanup_chunks(SPIPlanPtr *cache, const char *sql, int nargs, Oid *types,
  * it is due itself: retention is a minimum age.
  */
 static bool
-oldest_row_tracked_due(Datum *args)
+oldest_row_tracked_due(Datum *args, bool *none)
 {
 	Oid			types[2] = {TIMESTAMPTZOID, INT8OID};
 	Datum		probe_args[2] = {args[0], args[2]};
@@ -160,10 +170,30 @@ oldest_row_tracked_due(Datum *args)
 											 2, types),
 						 probe_args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the oldest published event");
-	if (SPI_processed == 0)
+	*none = (SPI_processed == 0);
+	if (*none)
 		return false;
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	return !isnull && DatumGetBool(d);
+}
+
+/*
+ * The highest id of a row-tracked event already published (0 if none),
+ * for earlier_published_id.  A walk of the primary key down to the first
+ * such event: the whole table when there is none, once per process.
+ */
+static int64
+read_earlier_published_id(void)
+{
+	bool		isnull;
+	Datum		d;
+
+	if (SPI_execute("SELECT max(id) FROM outbox.events"
+					" WHERE published_at IS NOT NULL AND xid IS NULL",
+					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not read the highest published event");
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? 0 : DatumGetInt64(d);
 }
 
 /*
@@ -209,6 +239,7 @@ cleanup_published(void)
 		Datum		args[3];
 		bool		v14 = outbox_snapshot_schema(relid);
 		int64		highest_published_id = outbox_highest_published_id();
+		bool		none = false;
 
 		args[0] = TimestampTzGetDatum(TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 																  -(int64) outbox_retention * 1000));
@@ -226,9 +257,18 @@ cleanup_published(void)
 			if (outbox_relay_mode == OUTBOX_RELAY_ROW)
 				deleted += cleanup_chunks(&cleanup_rows_plan, cleanup_rows_sql, 3,
 										  types, args);
-			else if (highest_published_id > 0 && oldest_row_tracked_due(args))
-				deleted += cleanup_chunks(&cleanup_rows_bounded_plan,
-										  cleanup_rows_bounded_sql, 3, types, args);
+			else
+			{
+				if (earlier_published_id < 0)
+					earlier_published_id = read_earlier_published_id();
+				highest_published_id = Max(highest_published_id, earlier_published_id);
+				args[2] = Int64GetDatum(highest_published_id);
+				if (highest_published_id > 0 && oldest_row_tracked_due(args, &none))
+					deleted += cleanup_chunks(&cleanup_rows_bounded_plan,
+											  cleanup_rows_bounded_sql, 3, types, args);
+				else if (highest_published_id > 0 && none)
+					earlier_published_id = 0;	/* all deleted */
+			}
 		}
 	}
 	outbox_relay_xact_end(callercxt, true);

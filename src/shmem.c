@@ -344,6 +344,28 @@ outbox_slot_free(int slot)
 }
 
 /*
+ * outbox_take_created
+ *		The databases where CREATE EXTENSION outbox committed since the last
+ *		call (lifecycle.c records them), up to OUTBOX_MAX_EVENTS OIDs into
+ *		dboids; returns how many.  *overflow is set when more did: then any
+ *		database may be one.  Launcher only.
+ */
+int
+outbox_take_created(Oid *dboids, bool *overflow)
+{
+	int			n;
+
+	SpinLockAcquire(&outbox_shared->mutex);
+	n = outbox_shared->nevents;
+	memcpy(dboids, outbox_shared->events, sizeof(Oid) * n);
+	*overflow = outbox_shared->events_overflow;
+	outbox_shared->nevents = 0;
+	outbox_shared->events_overflow = false;
+	SpinLockRelease(&outbox_shared->mutex);
+	return n;
+}
+
+/*
  * outbox_set_unserved
  *		Publish the covered databases the launcher's last pass could not
  *		start a relay for: n entries of list, of which the first

@@ -236,6 +236,27 @@ outbox_status_slot(OutboxRelaySlot *slot, pid_t pid, OutboxRelayState state,
 }
 
 /*
+ * outbox_status_refused
+ *		Show in the launcher's slot that the relay of database dbname
+ *		exited before it connected: the database refused it (a FATAL in the
+ *		server log: no CONNECT privilege, the role's connection limit, ...),
+ *		which the launcher cannot foresee from the shared catalogs.  The
+ *		launcher keeps the slot until its next try, delay_ms from now:
+ *		without it the database would have no row in outbox.status and
+ *		outbox.cluster_status(), and its events would wait unseen.
+ */
+void
+outbox_status_refused(OutboxRelaySlot *slot, const char *dbname, int delay_ms)
+{
+	outbox_status_slot(slot, MyProcPid, OUTBOX_STATE_WAITING_FOR_DATABASE,
+					   psprintf("the relay could not connect to database \"%s\"%s%s%s (see the server log); next try in %d s",
+								dbname,
+								outbox_role[0] != '\0' ? " as role \"" : "",
+								outbox_role, outbox_role[0] != '\0' ? "\"" : "",
+								Max(delay_ms / 1000, 1)));
+}
+
+/*
  * Copy relay slot n into row; false if no relay (or launcher waiting for
  * the relay's database) holds it.  Copies under the slot's spinlock and
  * builds the row afterwards, so no relay is ever kept waiting.

@@ -18,6 +18,8 @@ extern void outbox_status_slot(OutboxRelaySlot *slot, pid_t pid,
 							   OutboxRelayState state, const char *error);
 extern void outbox_status_count(int64 published, int64 failed,
 								int64 delivery_errors);
+extern void outbox_status_refused(OutboxRelaySlot *slot, const char *dbname,
+								  int delay_ms);
 extern void outbox_status_unserved(const OutboxUnserved *list, int count);
 
 #endif							/* OUTBOX_STATUS_H */

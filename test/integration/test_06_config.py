@@ -14,7 +14,7 @@ import psycopg2
 import pytest
 
 from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type, pg_connect,
-                      pg_sh, query, query_one, relay_status, server_major, set_conf,
+                      pg_sh, query, query_one, relay_status, report, server_major, set_conf,
                       unique_messages, wait_relay_ready, wait_until)
 
 
@@ -217,6 +217,28 @@ def test_bootstrap_servers_change_applies_without_restart(env, conn, prefix, rea
     assert relay_status(conn)[0]["pid"] == pid, "a reload must not restart the worker"
     log = "\n".join(watcher.new_lines())
     assert log.count("Kafka settings changed, reconnecting") >= 2, log[-3000:]
+
+
+def test_last_error_follows_a_new_bootstrap_servers(env, conn):
+    """While Kafka is unreachable and nothing is pending, a new outbox.bootstrap_servers that is
+    unreachable too must show its own error in outbox.status: a user's try saw last_error name the
+    old host long after the change (the state stayed broker_down, so nothing updated it)."""
+    watcher = LogWatcher(env)
+    try:
+        set_conf(conn, bootstrap_servers="127.0.0.1:1")      # nothing listens there
+        wait_until(lambda: state(conn) == "broker_down" and
+                   "127.0.0.1:1" in (relay_status(conn)[0]["last_error"] or ""), 30,
+                   "broker_down with an error naming 127.0.0.1:1")
+        set_conf(conn, bootstrap_servers="127.0.0.1:2")
+        wait_until(lambda: any("Kafka settings changed, reconnecting" in l
+                               for l in watcher.new_lines()), 20, "the relay to apply the reload")
+        st = wait_until(lambda: (lambda s: s if "127.0.0.1:2" in (s["last_error"] or "") else None)(
+            relay_status(conn)[0]), 30, "last_error to name the new bootstrap server 127.0.0.1:2")
+        assert st["state"] == "broker_down", st
+        report(f"OUTBOX CONFIG last_error after a new bootstrap_servers: {st['last_error']!r}")
+    finally:
+        set_conf(conn, bootstrap_servers=None)
+    wait_until(lambda: state(conn) in ("idle", "publishing"), 60, "the relay back on the real broker")
 
 
 def test_retention_deletes_published_events(env, conn, prefix, reader_factory):

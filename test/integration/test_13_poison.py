@@ -31,7 +31,7 @@ MAX_ATTEMPTS = 3
 TIME_LIMIT_MS = 5000            # message.timestamp.before.max.ms of the shared-refusal topic
 BACKOFF_MAX = "1s"              # every retry of a failed event after 1 s (keeps the test short)
 DEAD_LETTER_TIMEOUT = 60
-FAILED_RE = re.compile(r"outbox relay marked (\d+) event\(s\) failed: Kafka refused them (\d+) time\(s\)")
+FAILED_RE = re.compile(r"outbox relay marked (\d+) event\(s\) failed: each was refused (\d+) time\(s\)")
 
 
 def event_state(conn, event_ids):

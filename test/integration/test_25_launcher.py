@@ -315,6 +315,14 @@ def test_rename_close_template_and_copy_of_relayed_databases(env):
 
         query(c, f"ALTER DATABASE {b2} IS_TEMPLATE true")
         wait_until(lambda: relay_dbs(c) == [a], 30, "no relay in a template")
+        # emit() there warns that no relay publishes it (a user's try: silent under '*')
+        tc = connect_db(other, b2, autocommit=False)
+        query(tc, "SELECT outbox.emit('lr_tmpl', 't', 'lr.event', '{}')")
+        tc.rollback()           # nothing left behind to publish later
+        warned = [n for n in tc.notices if "are not published" in n and "template" in n]
+        tc.close()
+        assert warned, "no WARNING from emit() in a template database"
+        query(c, f"ALTER DATABASE {b2} IS_TEMPLATE false")
         query(c, f"ALTER DATABASE {b2} IS_TEMPLATE false")
         served([a, b2], "after IS_TEMPLATE false")
 
@@ -449,6 +457,11 @@ def test_max_workers_leaves_databases_unserved(env):
                    15, f"{DBS[1]} paused")
         metrics = {r["database"]: r for r in
                    run_exporter_query(mon[DBS[0]], "outbox_cluster", spec["outbox_cluster"])}
+        states = run_exporter_query(mon[DBS[0]], "outbox_cluster_state", spec["outbox_cluster_state"])
+        assert all(r["current"] == 1 for r in states), states
+        assert "state" not in metrics[""], "state must not be a label of the counters"
+        for r in states:
+            metrics[r["database"]]["state"] = r["state"]
         assert metrics[""]["kind"] == "launcher" and metrics[""]["up"] == 1, metrics
         assert metrics[DBS[0]]["state"] in ("idle", "publishing") and metrics[DBS[0]]["up"] == 1, metrics
         assert metrics[DBS[1]]["state"] == "paused" and metrics[DBS[1]]["up"] == 1, metrics
@@ -495,12 +508,20 @@ def test_relay_refused_by_its_database_is_restarted_with_backoff(env):
         watcher = LogWatcher(other)
         pg_sh(other, "restart")
         c = wait_until(lambda: pg_connect(other), 30, "a connection after the restart")
+        query(c, "CREATE EXTENSION IF NOT EXISTS outbox")     # for cluster_status() (not relayed)
         time.sleep(observe_s)
         exits = relay_exit_lines(watcher.new_lines())
         # 1 + 2 + 4 s of delay fit into 12 s with the starts: 3 to 5 exits, not dozens
         assert 2 <= len(exits) <= 6, exits
+        # between the tries the database is shown waiting, with the reason (a user's try found no
+        # row for it in cluster_status(): its events waited unseen)
+        row = wait_until(lambda: query(c, "SELECT state, last_error FROM outbox.cluster_status()"
+                                          " WHERE database = %s AND state = 'waiting_for_database'",
+                                       (DBS[0],)), 20, "the refused database in cluster_status()")[0]
+        assert "could not connect" in row[1] and "lx_relay" in row[1], row
         query(c, f"GRANT CONNECT ON DATABASE {DBS[0]} TO lx_relay")
         wait_until(lambda: relays_by_db(c).get(DBS[0]), 40, "the relay once it may connect")
         report(f"OUTBOX LAUNCHER backoff: a relay refused by its database exited {len(exits)} time(s)"
-               f" in {observe_s}s (delays 1, 2, 4, ... s), then ran once CONNECT was granted")
+               f" in {observe_s}s (delays 1, 2, 4, ... s), shown meanwhile as {row[0]}: {row[1]!r};"
+               f" then ran once CONNECT was granted")
         c.close()
