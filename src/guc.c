@@ -37,7 +37,7 @@ char	   *outbox_kafka_properties = "";
 
 /*
  * The GUC variable of outbox.kafka_properties holds the value with secrets
- * masked (see check_kafka_properties), so that no view of it (SHOW,
+ * masked (see outbox_check_kafka_properties), so that no view of it (SHOW,
  * pg_settings.setting and reset_val, log lines) can show them; the real
  * value lives in the GUC's extra and outbox_kafka_properties points to it.
  */
@@ -89,8 +89,6 @@ static bool check_ce_source(char **newval, void **extra, GucSource source);
 static void assign_ce_source(const char *newval, void *extra);
 static bool check_bootstrap_servers(char **newval, void **extra,
 									GucSource source);
-static bool check_kafka_properties(char **newval, void **extra,
-								   GucSource source);
 static void assign_kafka_properties(const char *newval, void *extra);
 static bool check_allowed_topics(char **newval, void **extra,
 								 GucSource source);
@@ -184,7 +182,7 @@ outbox_define_gucs(void)
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
-							   check_kafka_properties, assign_kafka_properties, NULL);
+							   outbox_check_kafka_properties, assign_kafka_properties, NULL);
 
 	DefineCustomIntVariable("outbox.retention",
 							"How long published events are kept before the relay deletes them.",
@@ -516,61 +514,6 @@ split_list(char *list, List **items)
 			return false;
 		*items = lappend(*items, item);
 	}
-	return true;
-}
-
-/*
- * Reject a malformed outbox.kafka_properties when it is set, so that a typo
- * is reported by pg_reload_conf()'s log line and the old value stays in
- * effect.  The error text never includes the values: they may be secrets.
- *
- * A valid value is kept in *extra, and *newval is replaced with the same
- * properties whose secret values (passwords, keys) read "********": that is
- * all SHOW, current_setting() and every column of pg_settings can display,
- * for every role.  ALTER SYSTEM still writes the value as given.
- */
-static bool
-check_kafka_properties(char **newval, void **extra, GucSource source)
-{
-	OutboxKafkaProperty *props;
-	int			nprops;
-	char	   *error = NULL;
-	StringInfoData buf;
-	char	   *masked;
-	char	   *real;
-	int			i;
-
-	if (!outbox_parse_kafka_properties(*newval, &props, &nprops, &error))
-	{
-		/* replaces core's message, which would quote the whole value */
-		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_properties\"");
-		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
-		outbox_note_refusal(OUTBOX_REFUSABLE_KAFKA_PROPERTIES, source, error);
-		return false;
-	}
-
-	initStringInfo(&buf);
-	for (i = 0; i < nprops; i++)
-		appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
-						 outbox_kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
-
-	/* the GUC machinery frees values and extras (see compat.h) */
-	masked = outbox_guc_strdup(buf.data);
-	real = outbox_guc_strdup(*newval);
-	pfree(buf.data);
-	if (masked == NULL || real == NULL)
-	{
-		if (masked)
-			outbox_guc_free(masked);
-		if (real)
-			outbox_guc_free(real);
-		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
-		GUC_check_errmsg("out of memory");
-		return false;
-	}
-	outbox_guc_free(*newval);
-	*newval = masked;
-	*extra = real;
 	return true;
 }
 

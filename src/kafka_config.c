@@ -153,6 +153,64 @@ outbox_trim_whitespace(char *s)
 }
 
 /*
+ * outbox_check_kafka_properties
+ *		The check hook of outbox.kafka_properties (guc.c; source is a
+ *		GucSource): reject a malformed value when it is set, so that a typo
+ *		is reported by pg_reload_conf()'s log line and the old value stays
+ *		in effect.  The error text never includes the values: they may be
+ *		secrets.
+ *
+ * A valid value is kept in *extra, and *newval is replaced with the same
+ * properties whose secret values (passwords, keys) read "********": that is
+ * all SHOW, current_setting() and every column of pg_settings can display,
+ * for every role.  ALTER SYSTEM still writes the value as given.
+ */
+bool
+outbox_check_kafka_properties(char **newval, void **extra, GucSource source)
+{
+	OutboxKafkaProperty *props;
+	int			nprops;
+	char	   *error = NULL;
+	StringInfoData buf;
+	char	   *masked;
+	char	   *real;
+	int			i;
+
+	if (!outbox_parse_kafka_properties(*newval, &props, &nprops, &error))
+	{
+		/* replaces core's message, which would quote the whole value */
+		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_properties\"");
+		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
+		outbox_note_refusal(OUTBOX_REFUSABLE_KAFKA_PROPERTIES, source, error);
+		return false;
+	}
+
+	initStringInfo(&buf);
+	for (i = 0; i < nprops; i++)
+		appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
+						 outbox_kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
+
+	/* the GUC machinery frees values and extras (see compat.h) */
+	masked = outbox_guc_strdup(buf.data);
+	real = outbox_guc_strdup(*newval);
+	pfree(buf.data);
+	if (masked == NULL || real == NULL)
+	{
+		if (masked)
+			outbox_guc_free(masked);
+		if (real)
+			outbox_guc_free(real);
+		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
+		GUC_check_errmsg("out of memory");
+		return false;
+	}
+	outbox_guc_free(*newval);
+	*newval = masked;
+	*extra = real;
+	return true;
+}
+
+/*
  * outbox_parse_kafka_properties
  *		Split "key=value;key=value" into an array of properties.
  *

@@ -26,6 +26,8 @@ extern bool outbox_parse_kafka_properties(const char *text,
 										  int *nprops,
 										  char **error);
 extern bool outbox_kafka_property_is_secret(const char *key);
+extern bool outbox_check_kafka_properties(char **newval, void **extra,
+										  GucSource source);
 extern char *outbox_trim_whitespace(char *s);
 extern rd_kafka_conf_t *outbox_kafka_conf_new(const char *bootstrap_servers,
 											  int delivery_timeout_ms,

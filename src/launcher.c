@@ -393,8 +393,7 @@ reap_relays(TimestampTz now)
 		db->handle = NULL;
 		SpinLockAcquire(&outbox_shared->slots[db->slot].mutex);
 		absent = outbox_shared->slots[db->slot].extension_absent;
-		/* a relay registers in its slot once connected (worker.c) */
-		connected = outbox_shared->slots[db->slot].worker_pid != 0;
+		connected = outbox_shared->slots[db->slot].connected;
 		SpinLockRelease(&outbox_shared->slots[db->slot].mutex);
 		if (db->stopping || absent || connected)
 			free_slot(db);
@@ -554,6 +553,7 @@ start_relay(LauncherDb *db, TimestampTz now)
 	SpinLockAcquire(&slot->mutex);
 	slot->database_oid = db->dboid;
 	slot->extension_absent = false;
+	slot->connected = false;
 	SpinLockRelease(&slot->mutex);
 
 	memset(&args, 0, sizeof(args));

@@ -183,6 +183,8 @@ typedef struct OutboxRelaySlot
 	uint32		control_seq;	/* bumped at commit of pause(), resume() etc. */
 	TimestampTz started_at;
 	bool		extension_absent;	/* set before a relay exits for lack of it */
+	bool		connected;		/* the relay started here got connected (and
+								 * registered); the launcher clears it */
 
 	OutboxRelayState state;
 	int64		published;		/* events acknowledged since start */

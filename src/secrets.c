@@ -5,8 +5,8 @@
  *	  pg_stat_activity and pg_stat_statements.
  *
  * The value may hold SASL or TLS key passwords.  Its GUC shows it masked
- * (see check_kafka_properties in guc.c); what is left is PostgreSQL quoting
- * the value by itself:
+ * (outbox_check_kafka_properties in kafka_config.c); what is left is
+ * PostgreSQL quoting the value by itself:
  *	- the emit_log_hook shortens the log lines that would quote it,
  *	- the ProcessUtility_hook replaces the text of ALTER SYSTEM SET
  *	  outbox.kafka_properties before pg_stat_activity and

@@ -112,6 +112,7 @@ outbox_shared_register_worker(int slot)
 	strlcpy(s->database_name, outbox_relay_database, NAMEDATALEN);
 	s->started_at = GetCurrentTimestamp();
 	s->extension_absent = false;
+	s->connected = true;
 	s->state = OUTBOX_STATE_STARTING;
 	s->published = 0;
 	s->failed = 0;

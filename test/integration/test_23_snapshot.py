@@ -808,6 +808,13 @@ def test_row_tracked_events_expire_after_a_relay_restart(env, conn, prefix):
         # a new relay process: what the old one marked is not its own
         old = wait_relay_ready(env)["pid"]
         query(conn, "SELECT pg_terminate_backend(%s)", (old,))
+        # until the launcher starts it again (1 s), the relay is not "refused by its database":
+        # that status is for a relay that never connected
+        seen, t_end = set(), time.monotonic() + 2
+        while time.monotonic() < t_end:
+            seen |= {(r["state"], r["last_error"]) for r in relay_status(conn)}
+            time.sleep(0.05)
+        assert not [x for x in seen if "could not connect" in (x[1] or "")], seen
         wait_until(lambda: (lambda s: s if s["pid"] not in (None, old) else None)(wait_relay_ready(env)),
                    30, "a new relay process")
         set_system(conn, "outbox.retention", 2)
