@@ -106,12 +106,16 @@ static SPIPlanPtr legacy_plan = NULL;
 static SPIPlanPtr exist_plan = NULL;
 static SPIPlanPtr count_plan = NULL;
 static SPIPlanPtr convert_plan = NULL;
+static SPIPlanPtr convert_local_plan = NULL;
 static SPIPlanPtr reset_plan = NULL;
 static SPIPlanPtr held_plan = NULL;
 static SPIPlanPtr held_skip_plan = NULL;
 static SPIPlanPtr demote_plan = NULL;
 static SPIPlanPtr ceiling_plan = NULL;
 static SPIPlanPtr oldest_plan = NULL;
+
+static void convert_same_cluster(uint64 nrows);
+static void reset_progress(Datum *args, Oid *types);
 
 /* run a plan that returns one row of one column; NULL if SQL NULL */
 static char *
@@ -317,9 +321,9 @@ outbox_snapshot_events_exist(void)
  * published (published_at = now) if the source's progress covered it and
  * pending otherwise; then the row is replaced by a fresh one for this
  * cluster.  A pg_restore into the same cluster brings a second local row
- * beside the one CREATE EXTENSION wrote: the xids stay meaningful, and the
- * more advanced row is kept.  emit() tracks events row by row until this
- * has run (it checks for one local row).
+ * beside the one CREATE EXTENSION wrote: the events become row-tracked as
+ * well, published only where every row covers them (convert_same_cluster).  emit() tracks
+ * events row by row until this has run (it checks for one local row).
  */
 void
 outbox_snapshot_adopt(void)
@@ -344,16 +348,8 @@ outbox_snapshot_adopt(void)
 
 	if (nlocal == nrows && nrows > 1)
 	{
-		/* restored into the same cluster: keep the most advanced row */
-		if (SPI_execute("DELETE FROM outbox.relay_progress WHERE ctid <> ("
-						"  SELECT ctid FROM outbox.relay_progress"
-						"   ORDER BY id_floor DESC, snapshot IS NULL LIMIT 1)",
-						false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "outbox: could not clean up outbox.relay_progress");
-		ereport(LOG,
-				(errmsg("outbox: kept the most advanced of %llu relay progress rows of this cluster",
-						(unsigned long long) nrows),
-				 errdetail("A pg_restore into this cluster brought a second row beside the one CREATE EXTENSION wrote.")));
+		convert_same_cluster(nrows);
+		reset_progress(args, types);
 		return;
 	}
 
@@ -376,6 +372,47 @@ outbox_snapshot_adopt(void)
 			(errmsg("outbox: %llu events written in another cluster are now tracked row by row",
 					(unsigned long long) SPI_processed),
 			 errdetail("outbox.relay_progress named another system identifier (a pg_restore or pg_upgrade): its transaction ids mean nothing here. Events its progress covered are kept as published, the others will be sent.")));
+	reset_progress(args, types);
+}
+
+/*
+ * A restore into this cluster (pg_restore, also --data-only into a database
+ * whose relay already ran) brought a second progress row of this cluster.
+ * Transaction ids stay meaningful, but not which database's relay saw them:
+ * a restored event's xid may be older than this database's own progress,
+ * which never had the event to send, and its source's progress may cover
+ * this database's own pending events.  So, like a restore from another
+ * cluster, every event tracked by snapshot becomes row-tracked: published
+ * only if every one of the nrows progress rows covers it (none is lost;
+ * some already sent may be sent again), pending otherwise.
+ */
+static void
+convert_same_cluster(uint64 nrows)
+{
+	if (SPI_execute_plan(outbox_prepare_plan(&convert_local_plan,
+								   "UPDATE outbox.events AS e"
+								   "   SET published_at = CASE WHEN (SELECT pg_catalog.bool_and(COALESCE("
+								   "         pg_catalog.pg_visible_in_snapshot(e.xid, p.snapshot)"
+								   "         OR (e.id <= p.batch_last_id"
+								   "             AND pg_catalog.pg_visible_in_snapshot(e.xid, p.batch_snapshot)),"
+								   "         false))"
+								   "         FROM outbox.relay_progress AS p)"
+								   "       THEN pg_catalog.now() END,"
+								   "       xid = NULL"
+								   " WHERE e.xid IS NOT NULL",
+								   0, NULL),
+						 NULL, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: could not convert restored events");
+	ereport(LOG,
+			(errmsg("outbox: %llu events are now tracked row by row: a restore brought %llu relay progress rows of this cluster",
+					(unsigned long long) SPI_processed, (unsigned long long) nrows),
+			 errdetail("Which database's relay saw a transaction is not known after a restore: an event is kept as published only if every progress row covers it, the others will be sent (some perhaps again).")));
+}
+
+/* replace outbox.relay_progress by one fresh row of this cluster (args[0]) */
+static void
+reset_progress(Datum *args, Oid *types)
+{
 	if (SPI_execute_plan(outbox_prepare_plan(&reset_plan,
 								   "WITH d AS (DELETE FROM outbox.relay_progress)"
 								   " INSERT INTO outbox.relay_progress (system_identifier) VALUES ($1)",
