@@ -250,12 +250,14 @@ cleanup_published(void)
 			deleted += cleanup_chunks(&cleanup_plan, cleanup_sql, 3, types, args);
 		else
 		{
-			/* a restored progress row must not decide what is published */
-			outbox_snapshot_adopt();
 			if (outbox_snapshot_events_exist() &&
 				outbox_snapshot_oldest_created_before(DatumGetTimestampTz(args[0])))
+			{
+				/* a restored progress row must not decide what is deleted */
+				outbox_snapshot_adopt();
 				deleted += cleanup_chunks(&cleanup_v2_plan, cleanup_v2_sql, 2,
 										  types, args);
+			}
 			if (outbox_relay_mode == OUTBOX_RELAY_ROW)
 				deleted += cleanup_chunks(&cleanup_rows_plan, cleanup_rows_sql, 3,
 										  types, args);

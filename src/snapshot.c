@@ -106,7 +106,6 @@ static SPIPlanPtr legacy_plan = NULL;
 static SPIPlanPtr exist_plan = NULL;
 static SPIPlanPtr count_plan = NULL;
 static SPIPlanPtr convert_plan = NULL;
-static SPIPlanPtr convert_local_plan = NULL;
 static SPIPlanPtr reset_plan = NULL;
 static SPIPlanPtr held_plan = NULL;
 static SPIPlanPtr held_skip_plan = NULL;
@@ -114,7 +113,7 @@ static SPIPlanPtr demote_plan = NULL;
 static SPIPlanPtr ceiling_plan = NULL;
 static SPIPlanPtr oldest_plan = NULL;
 
-static void convert_same_cluster(uint64 nrows);
+static void convert_restored_events(bool same_cluster, uint64 nrows);
 static void reset_progress(Datum *args, Oid *types);
 
 /* run a plan that returns one row of one column; NULL if SQL NULL */
@@ -322,8 +321,9 @@ outbox_snapshot_events_exist(void)
  * pending otherwise; then the row is replaced by a fresh one for this
  * cluster.  A pg_restore into the same cluster brings a second local row
  * beside the one CREATE EXTENSION wrote: the events become row-tracked as
- * well, published only where every row covers them (convert_same_cluster).  emit() tracks
- * events row by row until this has run (it checks for one local row).
+ * well, published only where every row covers them.  Both cases are
+ * convert_restored_events().  emit() tracks events row by row until this
+ * has run (it checks for one local row).
  */
 void
 outbox_snapshot_adopt(void)
@@ -346,67 +346,57 @@ outbox_snapshot_adopt(void)
 	if (nlocal == 1 && nrows == 1)
 		return;
 
-	if (nlocal == nrows && nrows > 1)
-	{
-		convert_same_cluster(nrows);
-		reset_progress(args, types);
-		return;
-	}
-
-	/* events written in another cluster: track them row by row */
-	if (SPI_execute_plan(outbox_prepare_plan(&convert_plan,
-								   "UPDATE outbox.events AS e"
-								   "   SET published_at = CASE WHEN COALESCE((SELECT"
-								   "         pg_catalog.pg_visible_in_snapshot(e.xid, p.snapshot)"
-								   "         OR (e.id <= p.batch_last_id"
-								   "             AND pg_catalog.pg_visible_in_snapshot(e.xid, p.batch_snapshot))"
-								   "         FROM outbox.relay_progress AS p WHERE p.system_identifier <> $1"
-								   "         ORDER BY p.id_floor DESC LIMIT 1), false)"
-								   "       THEN pg_catalog.now() END,"
-								   "       xid = NULL"
-								   " WHERE e.xid IS NOT NULL",
-								   1, types),
-						 args, NULL, false, 0) != SPI_OK_UPDATE)
-		elog(ERROR, "outbox: could not convert restored events");
-	ereport(LOG,
-			(errmsg("outbox: %llu events written in another cluster are now tracked row by row",
-					(unsigned long long) SPI_processed),
-			 errdetail("outbox.relay_progress named another system identifier (a pg_restore or pg_upgrade): its transaction ids mean nothing here. Events its progress covered are kept as published, the others will be sent.")));
+	convert_restored_events(nlocal == nrows, nrows);
 	reset_progress(args, types);
 }
 
 /*
- * A restore into this cluster (pg_restore, also --data-only into a database
- * whose relay already ran) brought a second progress row of this cluster.
- * Transaction ids stay meaningful, but not which database's relay saw them:
- * a restored event's xid may be older than this database's own progress,
- * which never had the event to send, and its source's progress may cover
- * this database's own pending events.  So, like a restore from another
- * cluster, every event tracked by snapshot becomes row-tracked: published
- * only if every one of the nrows progress rows covers it (none is lost;
- * some already sent may be sent again), pending otherwise.
+ * Turn every event tracked by snapshot into a row-tracked one after a
+ * restore: published (published_at = now) only if every progress row that
+ * can speak for it covers it, pending otherwise.  Nothing is lost; an event
+ * its source already sent may be sent again.
+ *
+ * From another cluster (same_cluster false), the restored rows' transaction
+ * ids mean nothing here, and only the rows of other system identifiers
+ * count; this cluster's fresh row is ignored.  From this cluster (pg_restore
+ * into a new database, or --data-only into one whose relay already ran),
+ * the ids stay meaningful but not which database's relay saw them: a
+ * restored event's xid may be older than this database's own progress,
+ * which never had the event to send, and the source's progress may cover
+ * this database's own pending events.  So all nrows rows count.
  */
 static void
-convert_same_cluster(uint64 nrows)
+convert_restored_events(bool same_cluster, uint64 nrows)
 {
-	if (SPI_execute_plan(outbox_prepare_plan(&convert_local_plan,
+	Oid			types[2] = {INT8OID, BOOLOID};
+	Datum		args[2] = {Int64GetDatum((int64) GetSystemIdentifier()),
+	BoolGetDatum(same_cluster)};
+
+	if (SPI_execute_plan(outbox_prepare_plan(&convert_plan,
 								   "UPDATE outbox.events AS e"
 								   "   SET published_at = CASE WHEN (SELECT pg_catalog.bool_and(COALESCE("
 								   "         pg_catalog.pg_visible_in_snapshot(e.xid, p.snapshot)"
 								   "         OR (e.id <= p.batch_last_id"
 								   "             AND pg_catalog.pg_visible_in_snapshot(e.xid, p.batch_snapshot)),"
 								   "         false))"
-								   "         FROM outbox.relay_progress AS p)"
+								   "         FROM outbox.relay_progress AS p"
+								   "        WHERE $2 OR p.system_identifier <> $1)"
 								   "       THEN pg_catalog.now() END,"
 								   "       xid = NULL"
 								   " WHERE e.xid IS NOT NULL",
-								   0, NULL),
-						 NULL, NULL, false, 0) != SPI_OK_UPDATE)
+								   2, types),
+						 args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: could not convert restored events");
-	ereport(LOG,
-			(errmsg("outbox: %llu events are now tracked row by row: a restore brought %llu relay progress rows of this cluster",
-					(unsigned long long) SPI_processed, (unsigned long long) nrows),
-			 errdetail("Which database's relay saw a transaction is not known after a restore: an event is kept as published only if every progress row covers it, the others will be sent (some perhaps again).")));
+	if (same_cluster)
+		ereport(LOG,
+				(errmsg("outbox: %llu events are now tracked row by row: a restore brought %llu relay progress rows of this cluster",
+						(unsigned long long) SPI_processed, (unsigned long long) nrows),
+				 errdetail("Which database's relay saw a transaction is not known after a restore: an event is kept as published only if every progress row covers it, the others will be sent (some perhaps again).")));
+	else
+		ereport(LOG,
+				(errmsg("outbox: %llu events written in another cluster are now tracked row by row",
+						(unsigned long long) SPI_processed),
+				 errdetail("outbox.relay_progress named another system identifier (a pg_restore or pg_upgrade): its transaction ids mean nothing here. Events its progress covered are kept as published, the others will be sent.")));
 }
 
 /* replace outbox.relay_progress by one fresh row of this cluster (args[0]) */
