@@ -9,7 +9,7 @@
 
 EXTENSION = outbox
 # the current version: outbox.control's default_version must say the same (checked below)
-EXTVERSION = 1.6
+EXTVERSION = 1.7
 MODULE_big = outbox
 # in data-path order: start-up, settings, the write side, the relay
 # process (the loop and its connection; one batch: claim, row to message,
@@ -28,6 +28,8 @@ OBJS = \
 	src/trace_context.o \
 	src/ops.o \
 	src/launcher.o \
+	src/launcher_relays.o \
+	src/partition.o \
 	src/dblist.o \
 	src/lifecycle.o \
 	src/worker.o \

@@ -16,8 +16,12 @@
 # their case.  The relays keep outbox.retention = -1 (never delete) during the drain, so the
 # retention's cleanup cannot fall into the measured window.
 #
-# What the rows are for: a database's outbox is published by one relay (one core at most); more
-# databases get more relays.  On a machine with few cores the relays, Kafka and the rest share
+# Then (BENCH_DB_K_CASES, default "1,2,4,1") the same backlog in ONE database drained by k relays
+# (outbox.workers_per_database = k), written row-tracked (xid NULL, as emit() writes them while
+# k > 1; the k = 1 rows drain the same row-tracked backlog, for a fair side by side).
+#
+# What the rows are for: one relay publishes on one core at most; more databases, or more relays
+# per database, get more.  On a machine with few cores the relays, Kafka and the rest share
 # them: the table says how far that goes.
 set -euo pipefail
 
@@ -27,6 +31,7 @@ cd "$REPO_DIR"
 
 EVENTS=${BENCH_DB_EVENTS:-1000000}
 CASES=${BENCH_DB_CASES:-1,2,4,1}   # 1 again last: how much the order moves the figures
+K_CASES=${BENCH_DB_K_CASES:-1,2,4,1}
 AGGS=10000
 CHUNK=100000
 CLK=$(getconf CLK_TCK)
@@ -70,41 +75,47 @@ relays() {
     q -c "SELECT pid, published FROM outbox.cluster_status()
            WHERE kind = 'relay' AND database IN (${list%,}) AND pid IS NOT NULL" -F ' '
 }
-wait_state() { # $1 state, databases...
-    local want=$1 n
-    shift
+wait_state() { # $1 state, $2 relays per database, databases...
+    local want=$1 k=$2 n
+    shift 2
     for _ in $(seq 600); do
         n=$(q -c "SELECT count(*) FROM outbox.cluster_status() WHERE kind = 'relay' AND state = '$want'
                    AND database IN ($(printf "'%s'," "$@" | sed 's/,$//'))")
-        ((n == $#)) && return 0
+        ((n == $# * k)) && return 0
         sleep 0.1
     done
     log "the relays of $* did not reach state $want"; exit 1
 }
 
 rows=()
-# run_case N EVENTS: drain EVENTS over N databases; its table row goes to rows[]
+# run_case N EVENTS [K]: drain EVENTS over N databases, tracked by snapshot; with K, over one
+# database with K relays, tracked row by row.  Its table row goes to rows[]
 run_case() {
-    local n=$1 events=$2 dbs=() d i lo hi per agg before after pids pub0 pub r load r0 r1 k0 k1 m0 m1 t0 t1 same
+    local n=$1 events=$2 k=${3:-} dbs=() d i lo hi per agg before after pids pub0 pub r load r0 r1 k0 k1 m0 m1 t0 t1 same
+    local xid="pg_current_xact_id()" tracking=snapshot relays_per_db=1
+    if [[ -n "$k" ]]; then
+        xid=NULL tracking=row relays_per_db=$k
+        q -c "ALTER SYSTEM SET outbox.workers_per_database = $k" -c "SELECT pg_reload_conf()" >/dev/null
+    fi
     dbs=()
     for i in $(seq "$n"); do dbs+=("bench_db${n}_$i"); done
     per=$((events / n))
     agg="bench_dbs_${n}_$(date +%s)"
-    log "section 6: $n database(s), $per events each"
+    log "section 6: $n database(s) with $relays_per_db relay(s) each, $per events each ($tracking)"
     for d in "${dbs[@]}"; do
         q -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" -c "CREATE DATABASE $d" >/dev/null
         q -d "$d" -c "CREATE EXTENSION outbox" >/dev/null
     done
-    wait_state idle "${dbs[@]}"
+    wait_state idle "$relays_per_db" "${dbs[@]}"
     for d in "${dbs[@]}"; do q -d "$d" -c "SELECT outbox.pause()" >/dev/null; done
-    wait_state paused "${dbs[@]}"
+    wait_state paused "$relays_per_db" "${dbs[@]}"
     for d in "${dbs[@]}"; do
         for ((lo = 1; lo <= per; lo += CHUNK)); do
             hi=$((lo + CHUNK - 1 < per ? lo + CHUNK - 1 : per))
             q -d "$d" >/dev/null <<SQL
 BEGIN;
 INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type, payload, xid)
-SELECT '$agg', (g % $AGGS + 1)::text, 'order.created', $payload, pg_current_xact_id()
+SELECT '$agg', (g % $AGGS + 1)::text, 'order.created', $payload, $xid
   FROM generate_series($lo, $hi) AS g;
 COMMIT;
 SQL
@@ -115,7 +126,7 @@ SQL
     mapfile -t before < <(relays "${dbs[@]}")
     pids=() pub0=0
     for r in "${before[@]}"; do pids+=("${r%% *}"); pub0=$((pub0 + ${r##* })); done
-    ((${#pids[@]} == n)) || { log "expected $n relays, found ${#pids[@]}"; exit 1; }
+    ((${#pids[@]} == n * relays_per_db)) || { log "expected $((n * relays_per_db)) relays, found ${#pids[@]}"; exit 1; }
     load=$(cut -d' ' -f1-3 /proc/loadavg)
     r0=$(sum_ticks "${pids[@]}") k0=$(ticks_of "/proc/$kafka_pid/stat") m0=$(machine_busy)
     t0=$(date +%s.%N)
@@ -130,13 +141,16 @@ SQL
     r1=$(sum_ticks "${pids[@]}") k1=$(ticks_of "/proc/$kafka_pid/stat") m1=$(machine_busy)
     mapfile -t after < <(relays "${dbs[@]}")
     same=$( [[ "$(printf '%s\n' "${after[@]%% *}" | sort)" == "$(printf '%s\n' "${pids[@]}" | sort)" ]] && echo yes || echo no)
-    rows+=("$(awk -v n="$n" -v e="$((per * n))" -v t0="$t0" -v t1="$t1" -v r="$((r1 - r0))" \
-        -v k="$((k1 - k0))" -v m="$((m1 - m0))" -v clk="$CLK" -v l="$load" -v same="$same" 'BEGIN {
+    rows+=("$(awk -v n="$n" -v kk="$relays_per_db" -v tr="$tracking" -v e="$((per * n))" -v t0="$t0" -v t1="$t1" \
+        -v r="$((r1 - r0))" -v k="$((k1 - k0))" -v m="$((m1 - m0))" -v clk="$CLK" -v l="$load" -v same="$same" 'BEGIN {
         s = t1 - t0;
-        printf "| %d | %d | %d | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %s |", n, n, e, s, e / s,
+        printf "| %d | %d | %s | %d | %d | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %s |", n, kk, tr, n * kk, e, s, e / s,
                r / clk, r * 1e6 / clk / e, k / clk, m / clk, same, l }')")
     log "  ${rows[-1]}"
     for d in "${dbs[@]}"; do q -c "DROP DATABASE $d WITH (FORCE)" >/dev/null; done
+    if [[ -n "$k" ]]; then
+        q -c "ALTER SYSTEM RESET outbox.workers_per_database" -c "SELECT pg_reload_conf()" >/dev/null
+    fi
 }
 
 # a warm-up (Kafka's JIT, the first topic), not reported
@@ -146,6 +160,10 @@ IFS=',' read -r -a ncases <<<"$CASES"
 for n in "${ncases[@]}"; do
     run_case "$n" "$EVENTS"
 done
+IFS=',' read -r -a kcases <<<"$K_CASES"
+for k in "${kcases[@]}"; do
+    [[ -n "$k" ]] && run_case 1 "$EVENTS" "$k"
+done
 
 q -c "ALTER SYSTEM RESET max_worker_processes" -c "ALTER SYSTEM RESET outbox.max_workers" \
   -c "ALTER SYSTEM RESET outbox.databases" -c "ALTER SYSTEM RESET outbox.retention" >/dev/null
@@ -153,14 +171,15 @@ test/env/pg.sh restart
 
 mkdir -p "$(dirname "$OUT")"
 {
-    echo "## Section 6: one backlog over 1, 2 and 4 databases (issue 11)"
+    echo "## Section 6: one backlog over 1, 2 and 4 databases, and over k relays of one database (issue 11)"
     echo
     echo "$(date -u +%Y-%m-%d), PostgreSQL $(q -c 'SHOW server_version'), $(nproc) cores; $EVENTS events"
-    echo "(10,000 aggregates, ~300-byte payloads, relay_mode snapshot) committed while the relays were"
+    echo "(10,000 aggregates, ~300-byte payloads; tracked by snapshot over several databases, row by row"
+    echo "over k relays of one database, as emit() writes them there) committed while the relays were"
     echo "paused, then drained, after an unreported warm-up drain; CPU seconds over the drain (1 CPU s ="
     echo "one core busy for 1 s)."
     echo
-    echo "| databases | relays | events | wall s | events/s | relays CPU s | relay CPU µs/event | Kafka CPU s | machine CPU s | same relay pids | load before |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    echo "| databases | relays per database | tracking | relays | events | wall s | events/s | relays CPU s | relay CPU µs/event | Kafka CPU s | machine CPU s | same relay pids | load before |"
+    echo "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     printf '%s\n' "${rows[@]}"
 } | tee "$OUT"

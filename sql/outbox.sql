@@ -330,6 +330,24 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION outbox.worker_status() IS
 'One row per running relay worker of this database (of any database while outbox.databases is empty), read from shared memory: database, pid, state (starting, waiting_for_database, waiting_for_extension, not_configured, config_error, idle, publishing, broker_down, paused, error), events published, events marked failed and failed delivery attempts since the worker started, time of the last acknowledged event, last error text and time, and when the worker started. A database the launcher has no worker slot for has one row with state waiting_for_slot, no pid, and last_error saying which limit (outbox.max_workers or max_worker_processes) is used up since last_error_at. No rows when the library is not in shared_preload_libraries.';
 
+/*
+ * outbox.worker_buckets(): the key buckets each relay of the server serves
+ * (outbox.workers_per_database); outbox.status and the postgres_exporter
+ * queries join it by pid.
+ */
+CREATE FUNCTION outbox.worker_buckets(
+    OUT pid integer,
+    OUT worker integer,
+    OUT workers integer,
+    OUT buckets int4range)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_worker_buckets'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.worker_buckets() IS
+'One row per running relay worker of the server, read from shared memory: its pid, worker = its number (1 .. workers), workers = how many relays share the database (outbox.workers_per_database, fewer while outbox.max_workers is short, 1 with exactly_once), and buckets = the key buckets it serves, [first,last+1) of 0..255. An event''s bucket is hashtextextended(aggregate_id, hashtextextended(aggregate_type, 0)) & 255: one relay serves all events of an aggregate. Rows the launcher holds for a database it waits for have NULL worker, workers and buckets. Executable by pg_monitor.';
+
 CREATE VIEW outbox.status AS
 SELECT w.database,
        w.pid,
@@ -344,8 +362,12 @@ SELECT w.database,
        w.last_publish_at,
        w.last_error,
        w.last_error_at,
-       w.started_at
+       w.started_at,
+       b.worker,
+       b.workers,
+       b.buckets
   FROM outbox.worker_status() AS w
+  LEFT JOIN outbox.worker_buckets() AS b ON b.pid = w.pid AND b.worker IS NOT NULL
  CROSS JOIN LATERAL (
        SELECT pg_catalog.count(*) FILTER (WHERE e.failed_at IS NULL) AS pending,
               pg_catalog.count(*) FILTER (WHERE e.failed_at IS NOT NULL) AS failed_events,
@@ -378,7 +400,7 @@ SELECT w.database,
               ) AS e) AS p;
 
 COMMENT ON VIEW outbox.status IS
-'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. State waiting_for_slot (no pid): this database has no relay because every worker slot is taken. Empty when no relay worker runs.';
+'Relay health: the worker''s state and counters since it started (from shared memory: published, failed = events marked failed, delivery_errors = failed attempts) with its table: pending events, the age of the oldest one, and failed_events (marked failed, waiting for outbox.retry_failed()); the table columns are NULL when queried from another database than the worker''s. State waiting_for_slot (no pid): this database has no relay because every worker slot is taken. With outbox.workers_per_database = k, one row per relay: worker (1 .. workers) and the key buckets it serves (see outbox.worker_buckets()); pending, failed_events and oldest_pending_age are the database''s, repeated on each row. Empty when no relay worker runs.';
 
 /*
  * outbox.cluster_status(): the whole server for operators (pg_monitor), from
@@ -481,6 +503,7 @@ REVOKE ALL ON FUNCTION outbox.retry_failed() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.retry_failed(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.worker_status() FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.cluster_status() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.worker_buckets() FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.events FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.relay FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.relay_progress FROM PUBLIC;
@@ -491,6 +514,7 @@ REVOKE ALL ON TABLE outbox.status FROM PUBLIC;
 GRANT USAGE ON SCHEMA outbox TO pg_monitor;
 GRANT EXECUTE ON FUNCTION outbox.worker_status() TO pg_monitor;
 GRANT EXECUTE ON FUNCTION outbox.cluster_status() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox.worker_buckets() TO pg_monitor;
 GRANT SELECT ON TABLE outbox.status TO pg_monitor;
 
 /*
@@ -501,8 +525,9 @@ GRANT SELECT ON TABLE outbox.status TO pg_monitor;
  * schema outbox may exist before CREATE EXTENSION (DROP EXTENSION leaves it,
  * with the users' grants, and pg_restore creates it first).  So reset them,
  * as every update path to this version does: the owner's items, and
- * pg_monitor's USAGE on the schema, EXECUTE on worker_status() and
- * cluster_status() and SELECT on status; no user's, no PUBLIC's.
+ * pg_monitor's USAGE on the schema, EXECUTE on worker_status(),
+ * worker_buckets() and cluster_status() and SELECT on status; no user's,
+ * no PUBLIC's.
  */
 DO $$
 DECLARE
@@ -525,6 +550,7 @@ BEGIN
                              'outbox'::pg_catalog.regnamespace::pg_catalog.oid, 'USAGE'),
                             ('pg_catalog.pg_proc', 'outbox.worker_status()'::pg_catalog.regprocedure, 'EXECUTE'),
                             ('pg_catalog.pg_proc', 'outbox.cluster_status()'::pg_catalog.regprocedure, 'EXECUTE'),
+                            ('pg_catalog.pg_proc', 'outbox.worker_buckets()'::pg_catalog.regprocedure, 'EXECUTE'),
                             ('pg_catalog.pg_class', 'outbox.status'::pg_catalog.regclass, 'SELECT'))
                  AS m(classoid, objoid, priv)
             ON m.classoid = ip.classoid AND m.objoid = ip.objoid AND ip.objsubid = 0

@@ -118,10 +118,10 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	variant = outbox_claim_variant(relid);
 	snapshot_schema = outbox_snapshot_schema(relid);
 	bytes = outbox_bytes_schema(relid);
-	if (snapshot_schema && !relay_rows_first())
+	/* of k relays, worker 0 runs the snapshot batches, for every bucket */
+	if (snapshot_schema && outbox_relay_serves_all() && !relay_rows_first())
 	{
-		if (outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT ||
-			outbox_snapshot_events_exist())
+		if (!outbox_rows_for_new_events() || outbox_snapshot_events_exist())
 			relay_snapshot_batch(producer, &batch, bytes, result);
 		outbox_relay_xact_end(callercxt, true);
 		return;
@@ -148,9 +148,11 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 	/*
 	 * From 1.4 on, rows are claimed only when one is due: an empty claim
 	 * means they all wait behind a failed event, and the snapshot batch is
-	 * next (an empty claim before 1.4 is just an empty table).
+	 * next (an empty claim before 1.4 is just an empty table).  Of k relays
+	 * only worker 0 runs snapshot batches; the others' claims always run,
+	 * and an empty one just means nothing of theirs is due.
 	 */
-	result->rows_held = snapshot_schema && batch.n == 0;
+	result->rows_held = snapshot_schema && batch.n == 0 && outbox_relay_serves_all();
 }
 
 /*

@@ -40,7 +40,16 @@
 "        SELECT b.aggregate_type, b.aggregate_id FROM outbox.events AS b" \
 "         WHERE b.published_at IS NULL AND b.attempts > 0 AND " held \
 "         ORDER BY b.aggregate_type, b.aggregate_id)"
+/*
+ * One of k relays of a database claims only the events of its key buckets
+ * (partition.c): $3 .. $4.  The hash is of the row's own columns, so the
+ * claim still walks events_pending_idx in id order and filters.
+ */
+#define CLAIM_BUCKETS \
+" AND (pg_catalog.hashtextextended(e.aggregate_id," \
+"      pg_catalog.hashtextextended(e.aggregate_type, 0)) & 255) BETWEEN $3 AND $4"
 #define CLAIM_ORDER \
+"%s" \
 " ORDER BY e.id" \
 " LIMIT $1" \
 " FOR UPDATE OF e SKIP LOCKED"
@@ -77,9 +86,29 @@ static const char *const claim_sql[NUM_CLAIM_VARIANTS] = {
 	CLAIM_ORDER
 };
 
-/* saved plans, prepared on first use in this worker */
-static SPIPlanPtr claim_plans[NUM_CLAIM_VARIANTS];
-static SPIPlanPtr claim_plans_legacy[2][NUM_CLAIM_VARIANTS];	/* [bytes] */
+/* saved plans, prepared on first use in this worker: [partitioned]... */
+static SPIPlanPtr claim_plans[2][NUM_CLAIM_VARIANTS];
+static SPIPlanPtr claim_plans_legacy[2][2][NUM_CLAIM_VARIANTS];	/* [bytes] */
+
+/*
+ * The saved plan of claim text format, its two %s replaced by the
+ * payload_bytes column (or NULL::bytea) and, for one of k relays, the
+ * bucket filter.  The parameters are always the four of outbox_open_claim.
+ */
+static SPIPlanPtr
+prepare_claim(SPIPlanPtr *cache, const char *format, bool bytes,
+			  bool partitioned)
+{
+	Oid			types[4] = {INT4OID, INT8OID, INT8OID, INT8OID};
+
+	if (*cache == NULL)
+		(void) outbox_prepare_plan(cache,
+								   psprintf(format,
+											bytes ? "e.payload_bytes" : "NULL::bytea",
+											partitioned ? CLAIM_BUCKETS : ""),
+								   4, types);
+	return *cache;
+}
 
 /*
  * outbox_claim_variant
@@ -101,20 +130,25 @@ outbox_claim_variant(Oid relid)
  *		Open the claim cursor of up to outbox.batch_size events: the variant
  *		for the schema and settings, and from 1.4 on (snapshot_schema) the
  *		one for row-tracked events below the snapshot progress; bytes: the
- *		table has payload_bytes (1.6).  Raises ERROR if SPI fails.
+ *		table has payload_bytes (1.6).  One of k relays of the database
+ *		claims its key buckets only.  Raises ERROR if SPI fails.
  */
 Portal
 outbox_open_claim(ClaimVariant variant, bool snapshot_schema, bool bytes)
 {
-	Oid			claim_types[2] = {INT4OID, INT8OID};
-	Datum		claim_values[2];
+	bool		partitioned = outbox_relay_nworkers > 1;
+	Datum		claim_values[4];
 	SPIPlanPtr	plan = snapshot_schema ?
-		outbox_prepare_bytes_plan(&claim_plans_legacy[bytes][variant],
-								  claim_sql_legacy[variant], bytes, 2, claim_types) :
-		outbox_prepare_bytes_plan(&claim_plans[variant], claim_sql[variant],
-								  false, 1, claim_types);
+		prepare_claim(&claim_plans_legacy[partitioned][bytes][variant],
+					  claim_sql_legacy[variant], bytes, partitioned) :
+		prepare_claim(&claim_plans[partitioned][variant], claim_sql[variant],
+					  false, partitioned);
 
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
 	claim_values[1] = Int64GetDatum(snapshot_schema ? outbox_snapshot_claim_ceiling() : 0);
+	claim_values[2] = Int64GetDatum(outbox_bucket_first(outbox_relay_worker,
+														outbox_relay_nworkers));
+	claim_values[3] = Int64GetDatum(outbox_bucket_first(outbox_relay_worker + 1,
+														outbox_relay_nworkers) - 1);
 	return SPI_cursor_open(NULL, plan, claim_values, NULL, false);
 }

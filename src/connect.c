@@ -57,6 +57,8 @@ outbox_connect_to_database(void)
 
 	memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
 	outbox_relay_database = MemoryContextStrdup(TopMemoryContext, args.dbname);
+	outbox_relay_worker = args.worker;
+	outbox_relay_nworkers = Max(args.nworkers, 1);
 	BackgroundWorkerInitializeConnectionByOid(args.dboid, args.roleoid, 0);
 }
 

@@ -16,6 +16,8 @@ typedef struct OutboxRelayArgs
 	Oid			dboid;			/* database to connect to */
 	Oid			roleoid;		/* outbox.role; InvalidOid = bootstrap superuser */
 	char		dbname[NAMEDATALEN];	/* its name when the relay was started */
+	int			worker;			/* index j of this relay, 0 .. nworkers - 1 */
+	int			nworkers;		/* k: relays sharing the database's buckets */
 } OutboxRelayArgs;
 
 extern const char *outbox_connection_obstacle(const char *dbname,

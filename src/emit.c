@@ -362,7 +362,7 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "outbox: SPI_connect failed");
 
-	with_xid = outbox_relay_mode == OUTBOX_RELAY_SNAPSHOT && snapshot_tracking_ready();
+	with_xid = !outbox_rows_for_new_events() && snapshot_tracking_ready();
 	if (with_xid)
 	{
 		/*

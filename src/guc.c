@@ -29,6 +29,7 @@
 char	   *outbox_database = NULL;
 char	   *outbox_databases = NULL;
 int			outbox_max_workers = 8;
+int			outbox_workers_per_database = 1;
 char	   *outbox_bootstrap_servers = NULL;
 char	   *outbox_topic_prefix = NULL;
 int			outbox_batch_size = 5000;
@@ -136,6 +137,15 @@ outbox_define_gucs(void)
 							8, 1, 256,
 							process_shared_preload_libraries_in_progress ?
 							PGC_POSTMASTER : PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.workers_per_database",
+							"Relay workers that share each database's events by key bucket.",
+							"Each has its own Kafka producer; above 1, new events are tracked row by row. Not used with outbox.delivery = exactly_once.",
+							&outbox_workers_per_database,
+							1, 1, OUTBOX_MAX_WORKERS_PER_DATABASE,
+							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
 

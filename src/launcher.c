@@ -2,19 +2,21 @@
  *
  * launcher.c
  *	  The launcher: a background worker, connected to no database, that
- *	  keeps one relay running for each database that should have one.
+ *	  keeps the relays running of each database that should have them.
  *
  * Registered by _PG_init under shared_preload_libraries.  Like the
  * autovacuum launcher it reads only shared catalogs (pg_database,
  * pg_authid), so it never holds a connection that would block DROP or
  * RENAME of a database.  Each pass it reaps relays that exited (we are
  * their bgw_notify_pid, so the postmaster sets our latch) and delays their
- * restart (RELAY_BACKOFF_MIN_MS doubling up to RELAY_BACKOFF_MAX_MS); reads
- * pg_database and works out the covered databases (outbox.databases,
- * dblist.c); stops relays of databases no longer covered or being dropped
- * or renamed (lifecycle.c); and starts the missing relays as dynamic
- * background workers, each in a slot of shared memory (outbox.max_workers
- * of them).  Databases beyond that are logged once, by name, and unserved.
+ * restart; reads pg_database and works out the covered databases
+ * (outbox.databases, dblist.c); stops relays of databases no longer covered
+ * or being dropped or renamed (lifecycle.c); and starts the missing relays
+ * as dynamic background workers, each in a slot of shared memory
+ * (outbox.max_workers of them; launcher_relays.c runs them).  A database
+ * has outbox.workers_per_database relays (partition.c), fewer while the
+ * slots run short; databases beyond the slots are logged once, by name,
+ * and unserved.
  *
  * With '*', whether a database has the extension is seen only from inside
  * it: the launcher starts a relay in every database that accepts
@@ -32,6 +34,7 @@
 #include "outbox.h"
 #include "connect.h"
 #include "dblist.h"
+#include "launcher.h"
 #include "lifecycle.h"
 #include "status.h"
 
@@ -49,54 +52,27 @@
 #define LAUNCHER_NAP_MS				10000
 /* ... and this often while something waits (a database, a slot, a delay) */
 #define LAUNCHER_BUSY_NAP_MS		1000
-/* delay before a relay that exited unexpectedly is started again */
-#define RELAY_BACKOFF_MIN_MS		1000
-#define RELAY_BACKOFF_MAX_MS		60000
-/* a relay that ran this long before exiting starts its backoff afresh */
-#define RELAY_STABLE_MS				60000
 /* '*': a database without the extension is probed again after this long */
 #define ABSENT_REPROBE_MS			(5 * 60 * 1000)
 /* how long a new launcher waits for the relays of its predecessor to exit */
 #define PREDECESSOR_WAIT_MS			10000
 
-/* what the launcher knows of one covered (or lately covered) database */
-typedef struct LauncherDb
-{
-	char		name[NAMEDATALEN];	/* hash key */
-	Oid			dboid;			/* InvalidOid while it does not exist */
-	Oid			roleoid;		/* outbox.role, resolved */
-	bool		wanted;			/* covered at the last pass */
-	char	   *obstacle;		/* why no relay can connect, or NULL */
-	char	   *logged_obstacle;	/* the last one logged */
-	int			slot;			/* index in outbox_shared->slots, or -1 */
-	BackgroundWorkerHandle *handle; /* its relay, while one runs */
-	bool		stopping;		/* we terminated it: no restart delay */
-	bool		absent;			/* '*': no extension there */
-	bool		created;		/* CREATE EXTENSION committed since the start */
-	TimestampTz absent_at;
-	TimestampTz started_at;
-	TimestampTz start_after;	/* restart delay */
-	int			failures;		/* unexpected exits in a row */
-	TimestampTz unserved_since; /* no slot for it since; 0: served */
-	bool		no_bgworker;	/* why: max_worker_processes, not max_workers */
-} LauncherDb;
-
 static HTAB *databases = NULL;
 static MemoryContext pass_context = NULL;
-static bool bgw_slots_exhausted = false;
+/* some covered database had no relay after the last pass */
+static bool any_unserved = false;
 
 static void launcher_shutdown(int code, Datum arg);
 static long launcher_pass(void);
 static void take_events(void);
-static void reap_relays(TimestampTz now);
 static List *plan_databases(bool *all);
 static void set_target(LauncherDb *db, const OutboxDatabase *row);
-static void stop_relay(LauncherDb *db);
-static bool start_relay(LauncherDb *db, TimestampTz now);
-static int	take_slot(LauncherDb *db);
-static void free_slot(LauncherDb *db);
-static bool free_waiting_slot(void);
+static bool serve_database(LauncherDb *db, bool all, TimestampTz now,
+						   long *nap);
+static bool wait_for_database(LauncherDb *db, TimestampTz now);
+static int	relays_wanted(LauncherDb *db, int running);
 static void report_unserved(LauncherDb **unserved, int count);
+static void forget_failures(LauncherDb *db);
 
 /*
  * outbox_launcher_main
@@ -165,54 +141,15 @@ launcher_shutdown(int code, Datum arg)
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
 	{
-		if (db->handle != NULL)
-			TerminateBackgroundWorker(db->handle);
-		else if (db->slot >= 0)
-			free_slot(db);
+		if (launcher_relays_running(db) > 0)
+			launcher_stop_relays(db);
+		launcher_free_idle_slots(db, 0);
 	}
 	SpinLockAcquire(&outbox_shared->mutex);
 	outbox_shared->launcher_pid = 0;
 	outbox_shared->launcher_latch = NULL;
 	outbox_shared->nunserved = 0;
 	SpinLockRelease(&outbox_shared->mutex);
-}
-
-/* db takes a free slot (-1: none free), or gives its slot back */
-static int
-take_slot(LauncherDb *db)
-{
-	return db->slot = outbox_slot_take(db->dboid, db->name);
-}
-static void
-free_slot(LauncherDb *db)
-{
-	if (db->slot >= 0)
-		outbox_slot_free(db->slot);
-	db->slot = -1;
-}
-
-/*
- * Free a slot the launcher holds only to show a database it waits for
- * (waiting_for_database): a relay that can run needs it more.  False if
- * there is none.
- */
-static bool
-free_waiting_slot(void)
-{
-	HASH_SEQ_STATUS seq;
-	LauncherDb *db;
-
-	hash_seq_init(&seq, databases);
-	while ((db = hash_seq_search(&seq)) != NULL)
-	{
-		if (db->obstacle != NULL && db->slot >= 0 && db->handle == NULL)
-		{
-			free_slot(db);
-			hash_seq_term(&seq);
-			return true;
-		}
-	}
-	return false;
 }
 
 /*
@@ -233,7 +170,10 @@ launcher_pass(void)
 	int			nunserved = 0;
 
 	take_events();
-	reap_relays(now);
+	outbox_warn_unused_workers();
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+		launcher_reap_relays(db, now);
 	covered = plan_databases(&all);
 
 	/* stop what is no longer covered, or is being dropped or renamed */
@@ -242,12 +182,11 @@ launcher_pass(void)
 	{
 		if (db->wanted && !(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
 			continue;
-		if (db->handle != NULL)
-			stop_relay(db);
+		if (launcher_relays_running(db) > 0)
+			launcher_stop_relays(db);
 		else
 		{
-			if (db->slot >= 0)
-				free_slot(db);
+			launcher_free_idle_slots(db, 0);
 			if (!db->wanted)
 			{
 				if (db->obstacle)
@@ -264,56 +203,10 @@ launcher_pass(void)
 	foreach(lc, covered)
 	{
 		db = lfirst(lc);
-		if (db->handle != NULL || !db->wanted ||
+		if (!db->wanted ||
 			(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
 			continue;
-		if (db->obstacle != NULL)
-		{
-			/*
-			 * Lists only: show the wait in outbox.status, in a free slot (a
-			 * relay that can start takes it back) or else in the list of
-			 * databases without a relay; log it once.
-			 */
-			if (db->slot >= 0 || take_slot(db) >= 0)
-			{
-				outbox_status_slot(&outbox_shared->slots[db->slot], MyProcPid,
-								   OUTBOX_STATE_WAITING_FOR_DATABASE, db->obstacle);
-				db->unserved_since = 0;
-			}
-			else
-			{
-				if (db->unserved_since == 0)
-					db->unserved_since = now;
-				unserved[nunserved++] = db;
-			}
-			if (db->logged_obstacle == NULL || strcmp(db->logged_obstacle, db->obstacle) != 0)
-			{
-				ereport(LOG,
-						(errmsg("outbox relay is waiting: %s", db->obstacle),
-						 errdetail("It connects to database \"%s\"%s%s%s.", db->name,
-								   outbox_role[0] != '\0' ? " as role \"" : "",
-								   outbox_role, outbox_role[0] != '\0' ? "\"" : ""),
-						 errhint("Create the database, or the role with LOGIN, or change outbox.databases, outbox.database or outbox.role.")));
-				if (db->logged_obstacle)
-					pfree(db->logged_obstacle);
-				db->logged_obstacle = MemoryContextStrdup(TopMemoryContext, db->obstacle);
-			}
-			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
-			continue;
-		}
-		/* a listed database gets a relay that waits for the extension */
-		if (db->absent)
-		{
-			if (all && !TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS))
-				continue;
-			db->absent = false;
-		}
-		if (db->start_after > now)
-		{
-			nap = Min(nap, Max(TimestampDifferenceMilliseconds(now, db->start_after), 10));
-			continue;
-		}
-		if (!start_relay(db, now))
+		if (!serve_database(db, all, now, &nap))
 		{
 			if (db->unserved_since == 0)
 				db->unserved_since = now;
@@ -321,8 +214,151 @@ launcher_pass(void)
 			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
 		}
 	}
+	any_unserved = nunserved > 0;
 	report_unserved(unserved, nunserved);
 	return nap;
+}
+
+/*
+ * Keep the relays of a covered database running: start the missing ones
+ * (after their restart delay), and retire them all when the database
+ * should have another number of them.  Lowers *nap (ms) to when it wants
+ * to look again.  False if the database has no relay for want of a slot
+ * or a background worker (or no slot to wait in, see wait_for_database).
+ */
+static bool
+serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
+{
+	int			running = launcher_relays_running(db);
+	int			want;
+	int			j;
+
+	if (running == 0 && db->obstacle != NULL)
+	{
+		/* it waits in relay 0's slot; the others' are for relays that run */
+		launcher_free_idle_slots(db, 1);
+		*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
+		return wait_for_database(db, now);
+	}
+	/* a listed database gets a relay that waits for the extension */
+	if (running == 0 && db->absent)
+	{
+		if (all && !TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS))
+			return true;
+		db->absent = false;
+	}
+
+	/* another k: the new relays start once every old one has exited */
+	want = relays_wanted(db, running);
+	if (running > 0 && want != db->nworkers)
+	{
+		if (launcher_retire_relays(db, now))
+		{
+			*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
+			return true;
+		}
+		running = 0;
+	}
+	if (running == 0)
+	{
+		db->nworkers = want;
+		launcher_free_idle_slots(db, want);
+	}
+
+	for (j = 0; j < db->nworkers; j++)
+	{
+		LauncherRelay *r = &db->relays[j];
+
+		if (r->handle != NULL)
+			continue;
+		/* relay 0 wakes us once it found the extension */
+		if (j > 0 && !launcher_relay_found_extension(db))
+			break;
+		if (r->start_after > now)
+		{
+			*nap = Min(*nap, Max(TimestampDifferenceMilliseconds(now, r->start_after), 10));
+			continue;
+		}
+		if (!launcher_start_relay(db, j, databases, now))
+		{
+			if (j == 0)
+				return false;
+			*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
+			break;
+		}
+	}
+	return true;
+}
+
+/*
+ * How many relays database db (running of them now) should have: k, or
+ * fewer while outbox.max_workers has no slot for the others (logged once):
+ * all its relays must run for all its buckets to be served.  A database
+ * that got fewer grows to k once the slots are free and every covered
+ * database has a relay.
+ */
+static int
+relays_wanted(LauncherDb *db, int running)
+{
+	int			k = outbox_workers_in_use();
+	int			slots = Max(outbox_slots_free() + launcher_slots_held(db), 1);
+	int			want;
+
+	/*
+	 * Grow only when every covered database has its relay.  A generation
+	 * that lost a slot (taken by another database while one of its relays
+	 * waited to start) is restarted smaller: each relay's buckets would
+	 * wait otherwise.
+	 */
+	if (running > 0 && k > db->nworkers && slots >= db->nworkers &&
+		(any_unserved || slots < k))
+		want = db->nworkers;
+	else
+		want = Min(k, slots);
+	if (want < k && !db->short_logged)
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("outbox launcher runs %d of %d relays for database \"%s\": no free worker slot for the others",
+						want, k, db->name),
+				 errdetail("outbox.max_workers = %d slots serve every database; outbox.workers_per_database = %d.",
+						   outbox_max_workers, outbox_workers_per_database),
+				 errhint("Raise outbox.max_workers (needs a restart) or lower outbox.workers_per_database. The database gets %d relays once slots are free.",
+						 k)));
+	db->short_logged = want < k;
+	return want;
+}
+
+/*
+ * Lists only: a covered database that cannot be connected to.  Show the
+ * wait in outbox.status, in a free slot (a relay that can start takes it
+ * back) or else in the list of databases without a relay (then false);
+ * log it once.
+ */
+static bool
+wait_for_database(LauncherDb *db, TimestampTz now)
+{
+	bool		shown = false;
+
+	if (db->relays[0].slot >= 0 || launcher_take_slot(db, 0) >= 0)
+	{
+		outbox_status_slot(&outbox_shared->slots[db->relays[0].slot], MyProcPid,
+						   OUTBOX_STATE_WAITING_FOR_DATABASE, db->obstacle);
+		db->unserved_since = 0;
+		shown = true;
+	}
+	if (db->logged_obstacle == NULL || strcmp(db->logged_obstacle, db->obstacle) != 0)
+	{
+		ereport(LOG,
+				(errmsg("outbox relay is waiting: %s", db->obstacle),
+				 errdetail("It connects to database \"%s\"%s%s%s.", db->name,
+						   outbox_role[0] != '\0' ? " as role \"" : "",
+						   outbox_role, outbox_role[0] != '\0' ? "\"" : ""),
+				 errhint("Create the database, or the role with LOGIN, or change outbox.databases, outbox.database or outbox.role.")));
+		if (db->logged_obstacle)
+			pfree(db->logged_obstacle);
+		db->logged_obstacle = MemoryContextStrdup(TopMemoryContext, db->obstacle);
+	}
+	return shown;
 }
 
 /*
@@ -352,70 +388,7 @@ take_events(void)
 			/* a relay that looked before the commit must not make it absent */
 			db->created = true;
 			db->absent = false;
-			db->failures = 0;
-			db->start_after = 0;
-		}
-	}
-}
-
-/*
- * Forget relays that exited.  One that found no extension ('*') marks its
- * database absent; one we stopped is done; any other exit is a failure
- * (FATAL while connecting, say) and delays the next start.
- */
-static void
-reap_relays(TimestampTz now)
-{
-	HASH_SEQ_STATUS seq;
-	LauncherDb *db;
-
-	hash_seq_init(&seq, databases);
-	while ((db = hash_seq_search(&seq)) != NULL)
-	{
-		pid_t		pid;
-		bool		absent;
-		bool		connected;
-		int			delay;
-
-		if (db->handle == NULL)
-			continue;
-		switch (GetBackgroundWorkerPid(db->handle, &pid))
-		{
-			case BGWH_STOPPED:
-				break;
-			case BGWH_POSTMASTER_DIED:
-				proc_exit(1);
-				break;
-			default:
-				continue;
-		}
-		pfree(db->handle);
-		db->handle = NULL;
-		SpinLockAcquire(&outbox_shared->slots[db->slot].mutex);
-		absent = outbox_shared->slots[db->slot].extension_absent;
-		connected = outbox_shared->slots[db->slot].connected;
-		SpinLockRelease(&outbox_shared->slots[db->slot].mutex);
-		if (db->stopping || absent || connected)
-			free_slot(db);
-		if (db->stopping)
-			db->stopping = false;
-		else if (absent && db->created)
-			db->start_after = 0;	/* it looked too early: start it again */
-		else if (absent)
-		{
-			db->absent = true;
-			db->absent_at = now;
-			db->failures = 0;
-		}
-		else
-		{
-			if (TimestampDifferenceExceeds(db->started_at, now, RELAY_STABLE_MS))
-				db->failures = 0;
-			delay = Min(RELAY_BACKOFF_MIN_MS << Min(db->failures, 6), RELAY_BACKOFF_MAX_MS);
-			db->failures++;
-			db->start_after = TimestampTzPlusMilliseconds(now, delay);
-			if (!connected)
-				outbox_status_refused(&outbox_shared->slots[db->slot], db->name, delay);
+			forget_failures(db);
 		}
 	}
 }
@@ -469,7 +442,7 @@ plan_databases(bool *all)
 		if (!found)
 		{
 			memset((char *) db + NAMEDATALEN, 0, sizeof(LauncherDb) - NAMEDATALEN);
-			db->slot = -1;
+			launcher_init_relays(db);
 		}
 		if (db->wanted)
 			continue;			/* named twice */
@@ -496,11 +469,9 @@ set_target(LauncherDb *db, const OutboxDatabase *row)
 
 	if (row != NULL && OidIsValid(db->dboid) && db->dboid != row->oid)
 	{
-		if (db->handle != NULL)
-			stop_relay(db);
+		launcher_stop_relays(db);
 		db->absent = false;
-		db->failures = 0;
-		db->start_after = 0;
+		forget_failures(db);
 	}
 	if (row != NULL)
 		db->dboid = row->oid;
@@ -518,82 +489,17 @@ set_target(LauncherDb *db, const OutboxDatabase *row)
 	}
 }
 
-/*
- * Ask a relay to stop (SIGTERM, through the postmaster); reaped once it
- * has exited, without a restart delay.
- */
+/* start the relays of db again without delay */
 static void
-stop_relay(LauncherDb *db)
+forget_failures(LauncherDb *db)
 {
-	if (db->stopping)
-		return;
-	TerminateBackgroundWorker(db->handle);
-	db->stopping = true;
-}
+	int			j;
 
-/*
- * Start the relay of db in a free slot.  Returns false if it could not
- * start now: no free slot (outbox.max_workers) or no free background
- * worker (max_worker_processes, logged once per episode).
- */
-static bool
-start_relay(LauncherDb *db, TimestampTz now)
-{
-	BackgroundWorker worker;
-	OutboxRelayArgs args;
-	OutboxRelaySlot *slot;
-	bool		registered;
-
-	db->no_bgworker = false;
-	if (db->slot < 0 && take_slot(db) < 0 &&
-		(!free_waiting_slot() || take_slot(db) < 0))
-		return false;
-	slot = &outbox_shared->slots[db->slot];
-	outbox_status_slot(slot, 0, OUTBOX_STATE_STARTING, NULL);
-	SpinLockAcquire(&slot->mutex);
-	slot->database_oid = db->dboid;
-	slot->extension_absent = false;
-	slot->connected = false;
-	SpinLockRelease(&slot->mutex);
-
-	memset(&args, 0, sizeof(args));
-	args.dboid = db->dboid;
-	args.roleoid = db->roleoid;
-	strlcpy(args.dbname, db->name, NAMEDATALEN);
-	StaticAssertStmt(sizeof(OutboxRelayArgs) <= BGW_EXTRALEN,
-					 "OutboxRelayArgs does not fit in bgw_extra");
-
-	outbox_init_bgworker(&worker, "outbox_worker_main", "outbox relay",
-						 BGW_NEVER_RESTART);
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay for database \"%s\"", db->name);
-	worker.bgw_main_arg = Int32GetDatum(db->slot);
-	worker.bgw_notify_pid = MyProcPid;
-	memcpy(worker.bgw_extra, &args, sizeof(args));
-
-	/* the handle is palloc'd: it must outlive this pass */
-	MemoryContextSwitchTo(TopMemoryContext);
-	registered = RegisterDynamicBackgroundWorker(&worker, &db->handle);
-	MemoryContextSwitchTo(pass_context);
-	if (!registered)
+	for (j = 0; j < OUTBOX_MAX_WORKERS_PER_DATABASE; j++)
 	{
-		db->handle = NULL;
-		db->no_bgworker = true;
-		free_slot(db);
-		if (!bgw_slots_exhausted)
-			ereport(WARNING,
-					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("outbox launcher cannot start a relay for database \"%s\": no free background worker slot",
-							db->name),
-					 errhint("Raise max_worker_processes (needs a restart); the launcher retries every second and logs this again only after a relay could start.")));
-		bgw_slots_exhausted = true;
-		return false;
+		db->relays[j].failures = 0;
+		db->relays[j].start_after = 0;
 	}
-	bgw_slots_exhausted = false;
-	db->unserved_since = 0;
-	db->created = false;
-	db->started_at = now;
-	db->stopping = false;
-	return true;
 }
 
 /*

@@ -64,6 +64,7 @@
 extern char *outbox_database;			/* 1.x: the one database relayed */
 extern char *outbox_databases;			/* '' = outbox.database; names; '*' */
 extern int	outbox_max_workers;			/* relay slots in the whole server */
+extern int	outbox_workers_per_database;	/* relays sharing a database */
 extern char *outbox_bootstrap_servers;	/* host:port,...; empty = idle */
 extern char *outbox_topic_prefix;		/* routed topic = prefix||aggregate_type */
 extern int	outbox_batch_size;			/* events per claim */
@@ -97,6 +98,23 @@ extern char *outbox_tracestate;			/* W3C tracestate; '' = none */
 /* outbox.delivery: what a crash may cost consumers */
 #define OUTBOX_DELIVERY_AT_LEAST_ONCE	0	/* idempotent producer; resends */
 #define OUTBOX_DELIVERY_EXACTLY_ONCE	1	/* Kafka transactions, exactly_once.c */
+
+/*
+ * Key buckets (partition.c).  An event's bucket is a hash of its aggregate
+ * (type and id), so it is fixed by the event row itself; worker j of the k
+ * relays of a database serves buckets [j * 256 / k, (j + 1) * 256 / k).
+ * Every event of an aggregate is served by one worker, whatever k is.
+ */
+#define OUTBOX_BUCKETS					256
+#define OUTBOX_MAX_WORKERS_PER_DATABASE	32
+
+extern int	outbox_workers_in_use(void);
+extern void outbox_warn_unused_workers(void);
+extern bool outbox_rows_for_new_events(void);
+extern int	outbox_relay_worker;		/* this relay's index j, 0-based */
+extern int	outbox_relay_nworkers;		/* k of its database; 1 outside relays */
+extern int	outbox_bucket_first(int worker, int nworkers);
+extern bool outbox_relay_serves_all(void);
 
 /* outbox.message_format: the shape of a message */
 #define OUTBOX_FORMAT_DEBEZIUM		0	/* JSON value, id/event_type headers */
@@ -185,6 +203,11 @@ typedef struct OutboxRelaySlot
 	bool		extension_absent;	/* set before a relay exits for lack of it */
 	bool		connected;		/* the relay started here got connected (and
 								 * registered); the launcher clears it */
+	bool		has_extension;	/* the relay found outbox.events; the
+								 * launcher clears it */
+	bool		retire;			/* set by the launcher: exit between batches */
+	int			worker;			/* index j of the relay in its database */
+	int			nworkers;		/* k: relays sharing the database */
 
 	OutboxRelayState state;
 	int64		published;		/* events acknowledged since start */
@@ -271,7 +294,11 @@ extern shmem_startup_hook_type outbox_prev_shmem_startup_hook;
 extern void outbox_shmem_request(void);
 extern void outbox_shmem_startup(void);
 extern OutboxRelaySlot *outbox_my_slot;	/* the relay's own slot */
-extern void outbox_shared_register_worker(int slot);
+extern void outbox_shared_register_worker(int slot, int worker, int nworkers);
+extern void outbox_shared_note_extension(void);
+extern bool outbox_shared_retiring(void);
+extern void outbox_shared_wait_for_others(void);
+extern int	outbox_slots_free(void);
 extern void outbox_wake_worker(bool control);
 extern uint32 outbox_control_seq(void);
 extern void outbox_wake_launcher(void);

@@ -258,7 +258,7 @@ cleanup_published(void)
 				deleted += cleanup_chunks(&cleanup_v2_plan, cleanup_v2_sql, 2,
 										  types, args);
 			}
-			if (outbox_relay_mode == OUTBOX_RELAY_ROW)
+			if (outbox_rows_for_new_events())
 				deleted += cleanup_chunks(&cleanup_rows_plan, cleanup_rows_sql, 3,
 										  types, args);
 			else
@@ -338,6 +338,10 @@ outbox_relay_cleanup_if_due(void)
 {
 	static TimestampTz last_cleanup = 0;
 	TimestampTz now = GetCurrentTimestamp();
+
+	/* worker 0 of a database's relays cleans up for all of them */
+	if (!outbox_relay_serves_all())
+		return;
 
 	if (!TimestampDifferenceExceeds(last_cleanup, now,
 									cleanup_failing ? CLEANUP_RETRY_MS : CLEANUP_INTERVAL_MS))

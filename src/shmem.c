@@ -88,12 +88,13 @@ outbox_shmem_startup(void)
 
 /*
  * outbox_shared_register_worker
- *		Publish the calling relay worker (pid, latch) in slot number slot
- *		(0 .. outbox.max_workers - 1, given by the launcher) and reset its
+ *		Publish the calling relay worker (pid, latch, its index worker of
+ *		nworkers relays of its database) in slot number slot (0 ..
+ *		outbox.max_workers - 1, given by the launcher) and reset its
  *		counters.  Cleared again when the worker exits.
  */
 void
-outbox_shared_register_worker(int slot)
+outbox_shared_register_worker(int slot, int worker, int nworkers)
 {
 	OutboxRelaySlot *s;
 
@@ -113,6 +114,8 @@ outbox_shared_register_worker(int slot)
 	s->started_at = GetCurrentTimestamp();
 	s->extension_absent = false;
 	s->connected = true;
+	s->worker = worker;
+	s->nworkers = nworkers;
 	s->state = OUTBOX_STATE_STARTING;
 	s->published = 0;
 	s->failed = 0;
@@ -123,6 +126,102 @@ outbox_shared_register_worker(int slot)
 	SpinLockRelease(&s->mutex);
 
 	before_shmem_exit(outbox_shared_unregister_worker, (Datum) 0);
+}
+
+/*
+ * outbox_shared_note_extension
+ *		Tell the launcher, once per process, that the calling relay stays:
+ *		it found outbox.events, or waits for it (a listed database).  The
+ *		launcher starts a database's other relays only then, not k of them
+ *		in every database of '*' that lacks the extension.
+ */
+void
+outbox_shared_note_extension(void)
+{
+	static bool noted = false;
+
+	if (noted || outbox_my_slot == NULL)
+		return;
+	noted = true;
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	outbox_my_slot->has_extension = true;
+	SpinLockRelease(&outbox_my_slot->mutex);
+	outbox_wake_launcher();
+}
+
+/*
+ * outbox_shared_retiring
+ *		Has the launcher asked the calling relay to exit (a new number of
+ *		relays for its database)?  The relay then exits between batches.
+ */
+bool
+outbox_shared_retiring(void)
+{
+	bool		retire;
+
+	if (outbox_my_slot == NULL)
+		return false;
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	retire = outbox_my_slot->retire;
+	SpinLockRelease(&outbox_my_slot->mutex);
+	return retire;
+}
+
+/*
+ * Is another relay of this database running whose buckets may overlap ours:
+ * one of another generation (another k) or with our own index?
+ */
+static bool
+overlapping_relay_runs(void)
+{
+	int			i;
+
+	for (i = 0; i < outbox_shared->nslots; i++)
+	{
+		OutboxRelaySlot *s = &outbox_shared->slots[i];
+		bool		overlaps;
+
+		if (s == outbox_my_slot)
+			continue;
+		SpinLockAcquire(&s->mutex);
+		overlaps = s->worker_latch != NULL && s->worker_pid != MyProcPid &&
+			s->database_oid == MyDatabaseId &&
+			(s->nworkers != outbox_relay_nworkers || s->worker == outbox_relay_worker);
+		SpinLockRelease(&s->mutex);
+		if (overlaps)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * outbox_shared_wait_for_others
+ *		Wait (checking every 100 ms; SIGTERM ends it) until no other relay of
+ *		this database runs that could serve one of our buckets.  The launcher
+ *		starts a new generation only after the old one exited; this keeps
+ *		two relays from ever sending one aggregate's events at once, should
+ *		a relay outlive its launcher.
+ */
+void
+outbox_shared_wait_for_others(void)
+{
+	bool		logged = false;
+
+	if (outbox_shared == NULL)
+		return;
+	while (overlapping_relay_runs() && !outbox_shared_retiring())
+	{
+		if (!logged)
+			ereport(LOG,
+					(errmsg("outbox relay %d of %d for database \"%s\" waits for an earlier relay of that database to exit",
+							outbox_relay_worker + 1, outbox_relay_nworkers,
+							outbox_relay_database)));
+		logged = true;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 100L, outbox_wait_event(OUTBOX_WAIT_DATABASE));
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
 }
 
 static void
@@ -316,6 +415,7 @@ outbox_slot_take(Oid dboid, const char *name)
 		{
 			s->in_use = true;
 			s->database_oid = dboid;
+			s->worker = s->nworkers = 0;
 			strlcpy(s->database_name, name, NAMEDATALEN);
 			taken = true;
 		}
@@ -324,6 +424,28 @@ outbox_slot_take(Oid dboid, const char *name)
 			return i;
 	}
 	return -1;
+}
+
+/*
+ * outbox_slots_free
+ *		How many relay slots no database holds.  Launcher only.
+ */
+int
+outbox_slots_free(void)
+{
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < outbox_shared->nslots; i++)
+	{
+		OutboxRelaySlot *s = &outbox_shared->slots[i];
+
+		SpinLockAcquire(&s->mutex);
+		if (!s->in_use && s->worker_pid == 0)
+			n++;
+		SpinLockRelease(&s->mutex);
+	}
+	return n;
 }
 
 /*

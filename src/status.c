@@ -20,13 +20,16 @@
 #include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "catalog/pg_type.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 PG_FUNCTION_INFO_V1(outbox_cluster_status);
+PG_FUNCTION_INFO_V1(outbox_worker_buckets);
 
 /* one row of worker_status() or cluster_status(), before it is built */
 typedef struct StatusRow
@@ -364,6 +367,23 @@ outbox_status_unserved(const OutboxUnserved *list, int count)
 }
 
 /*
+ * The key buckets of relay worker of nworkers (partition.c), as an
+ * int4range: '[0,256)' for a database's only relay.
+ */
+static Datum
+bucket_range(int worker, int nworkers)
+{
+	Oid			input;
+	Oid			ioparam;
+
+	getTypeInputInfo(INT4RANGEOID, &input, &ioparam);
+	return OidInputFunctionCall(input,
+								psprintf("[%d,%d)", outbox_bucket_first(worker, nworkers),
+										 outbox_bucket_first(worker + 1, nworkers)),
+								ioparam, -1);
+}
+
+/*
  * Build row and add it to the result.  Columns are filled by name from the
  * declared result, so the same C function serves every version of the SQL
  * definition (1.0 had no delivery_errors, cluster_status() has kind): an
@@ -377,6 +397,8 @@ put_row(ReturnSetInfo *rsinfo, const StatusRow *row)
 	const OutboxRelaySlot *s = &row->slot;
 	Datum	   *values = palloc0(sizeof(Datum) * tupdesc->natts);
 	bool	   *nulls = palloc0(sizeof(bool) * tupdesc->natts);
+	/* the relay's own row; one the launcher holds has no buckets */
+	bool		relay_runs = s->worker_latch != NULL && s->nworkers > 0;
 	int			i;
 
 	for (i = 0; i < tupdesc->natts; i++)
@@ -408,6 +430,22 @@ put_row(ReturnSetInfo *rsinfo, const StatusRow *row)
 		{
 			values[i] = CStringGetTextDatum(s->last_error);
 			nulls[i] = s->last_error[0] == '\0';
+		}
+		else if (strcmp(name, "worker") == 0)
+		{
+			values[i] = Int32GetDatum(s->worker + 1);
+			nulls[i] = !relay_runs;
+		}
+		else if (strcmp(name, "workers") == 0)
+		{
+			values[i] = Int32GetDatum(s->nworkers);
+			nulls[i] = !relay_runs;
+		}
+		else if (strcmp(name, "buckets") == 0)
+		{
+			nulls[i] = !relay_runs;
+			if (relay_runs)
+				values[i] = bucket_range(s->worker, s->nworkers);
 		}
 		else if (strcmp(name, "last_publish_at") == 0)
 			time = s->last_publish_at;
@@ -470,6 +508,27 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	if (outbox_shared != NULL)
 		put_relay_rows(rsinfo, outbox_databases[0] == '\0');
+	return (Datum) 0;
+}
+
+/*
+ * outbox_worker_buckets
+ *		SQL: outbox.worker_buckets() RETURNS SETOF record (pid, worker,
+ *		workers, buckets).
+ *
+ * The key buckets of every running relay of the server (partition.c): the
+ * columns are filled by name like worker_status()'s.  outbox.status joins
+ * it by pid, and so do the postgres_exporter queries with cluster_status().
+ * Readable by pg_monitor, never by PUBLIC.
+ */
+Datum
+outbox_worker_buckets(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (outbox_shared != NULL)
+		put_relay_rows(rsinfo, true);
 	return (Datum) 0;
 }
 

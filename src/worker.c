@@ -55,6 +55,7 @@ static MemoryContext worker_context = NULL;
 static int	error_backoff_ms = 0;
 
 pg_noreturn static void relay_loop(void);
+pg_noreturn static void retire(void);
 static void recover_from_error(void);
 static void wait_out(long ms, OutboxWait wait, bool control_ends_it,
 					 uint32 control_seq);
@@ -159,7 +160,8 @@ outbox_worker_main(Datum main_arg)
 	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
 					PGC_S_OVERRIDE);
 
-	outbox_shared_register_worker(DatumGetInt32(main_arg));
+	outbox_shared_register_worker(DatumGetInt32(main_arg), outbox_relay_worker,
+								  outbox_relay_nworkers);
 	on_proc_exit(destroy_producer_at_exit, (Datum) 0);
 
 	/* a SIGHUP that arrived before our handler was installed is not lost */
@@ -167,10 +169,20 @@ outbox_worker_main(Datum main_arg)
 
 	if (!outbox_relay_has_extension())
 		outbox_exit_without_extension(false);
+	outbox_shared_note_extension();
+	outbox_shared_wait_for_others();
 
-	ereport(LOG,
-			(errmsg("outbox relay started for database \"%s\"",
-					outbox_relay_database)));
+	if (outbox_relay_nworkers > 1)
+		ereport(LOG,
+				(errmsg("outbox relay %d of %d started for database \"%s\" (key buckets %d to %d)",
+						outbox_relay_worker + 1, outbox_relay_nworkers,
+						outbox_relay_database,
+						outbox_bucket_first(outbox_relay_worker, outbox_relay_nworkers),
+						outbox_bucket_first(outbox_relay_worker + 1, outbox_relay_nworkers) - 1)));
+	else
+		ereport(LOG,
+				(errmsg("outbox relay started for database \"%s\"",
+						outbox_relay_database)));
 
 	relay_loop();
 }
@@ -199,6 +211,8 @@ relay_loop(void)
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 			reload_config();
+		if (outbox_shared_retiring())
+			retire();
 
 		MemoryContextReset(worker_context);
 		MemoryContextSwitchTo(worker_context);
@@ -233,6 +247,24 @@ relay_loop(void)
 		if (producer != NULL)
 			outbox_producer_serve(producer);
 	}
+}
+
+/*
+ * The launcher asked us to exit (outbox.workers_per_database changed, or
+ * the slots for it did): we are between batches, with nothing claimed and
+ * nothing in flight, so the next generation of relays starts where we
+ * stopped.  Exit code 0: the launcher does not restart us.
+ */
+static void
+retire(void)
+{
+	ereport(LOG,
+			(errmsg("outbox relay %d of %d for database \"%s\" exits: the launcher restarts the database's relays in another number",
+					outbox_relay_worker + 1, outbox_relay_nworkers,
+					outbox_relay_database),
+			 errdetail("outbox.workers_per_database = %d; fewer run while outbox.max_workers has no slot for them.",
+					   outbox_workers_in_use())));
+	proc_exit(0);
 }
 
 /*
@@ -310,6 +342,8 @@ wait_out(long ms, OutboxWait wait, bool control_ends_it, uint32 control_seq)
 			break;
 		if (control_ends_it && outbox_control_seq() != control_seq)
 			break;
+		if (outbox_shared_retiring())
+			break;
 		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
 		if (left <= 0)
 			break;
@@ -350,6 +384,8 @@ relay_step(void)
 	/* SIGTERM during the batch: it was cut short and marked; exit now */
 	CHECK_FOR_INTERRUPTS();
 
+	if (!result.table_missing)
+		outbox_shared_note_extension();
 	if (result.table_missing)
 	{
 		if (strcmp(outbox_databases, "*") == 0)

@@ -60,14 +60,15 @@ fi
 # start and on reload, restart, kill -9 under load, standby promotion, dump/restore and every
 # upgrade path, secrets, the snapshot relay (relay_mode = snapshot), the relay's VACUUM, the
 # launcher (relays for several databases), the consumers' formats read by Java clients,
-# exactly-once delivery (test_28; on 16 through the row relay), a 3-broker Kafka cluster (test_27,
-# on the majors in OUTBOX_KAFKA3_MAJORS only: its three JVMs cost about a minute and a half).
+# exactly-once delivery (test_28; on 16 through the row relay), key-partitioned relays (test_29),
+# a 3-broker Kafka cluster (test_27, on the majors in OUTBOX_KAFKA3_MAJORS only: its three JVMs
+# cost about a minute and a half).
 # SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only.
 CORE_TESTS=(
     test_01_basic.py test_03_restart.py test_06_config.py test_10_crash.py
     test_16_standby.py test_17_dump_upgrade.py test_21_security.py
     test_23_snapshot.py test_24_vacuum.py test_25_launcher.py test_26_formats.py
-    test_27_replicated.py test_28_exactly_once.py
+    test_27_replicated.py test_28_exactly_once.py test_29_partitioned.py
 )
 
 PY=/usr/bin/python3     # Debian's interpreter: it has psycopg2 and confluent_kafka

@@ -396,3 +396,25 @@ def test_exactly_once_ignores_the_record_of_a_dropped_extension(env, conn, exact
         c.close()
     report("OUTBOX EXACTLY-ONCE re-created extension: the old table's progress record was ignored "
            "(LOG), 4 events written while paused across a restart arrived once each")
+
+
+def test_exactly_once_keeps_one_relay_per_database(env, conn, exactly_once):
+    """outbox.workers_per_database = 2 is not used with exactly_once (one progress record and
+    transactional id per database): one WARNING, one relay, delivery goes on; at_least_once then
+    starts the two relays."""
+    tid = transactional_id(conn)
+    pid = relay_status(conn)[0]["pid"]
+    try:
+        query(conn, "ALTER SYSTEM SET outbox.workers_per_database = 2")
+        query(conn, "SELECT pg_reload_conf()")
+        wait_until(lambda: any("is not used with outbox.delivery = exactly_once" in line
+                               for line in exactly_once.new_lines()), 20, "the WARNING")
+        time.sleep(1.5)
+        rows = query(conn, "SELECT pid, worker, workers FROM outbox.status")
+        assert rows == [(pid, 1, 1)], rows
+        probe(env, conn, "it.eos.k2", "exactly_once with workers_per_database = 2")
+        assert relay_status(conn)[0]["pid"] == pid
+        assert transactional_id(conn) == tid
+    finally:
+        query(conn, "ALTER SYSTEM RESET outbox.workers_per_database")
+        query(conn, "SELECT pg_reload_conf()")

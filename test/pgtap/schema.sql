@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(149);
+SELECT plan(155);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -163,6 +163,16 @@ SELECT is(pg_get_function_arguments('outbox.cluster_status()'::regprocedure),
           'outbox.cluster_status OUT columns: kind, then those of worker_status');
 SELECT function_lang_is('outbox', 'cluster_status', ARRAY[]::text[], 'c', 'outbox.cluster_status is written in C');
 SELECT volatility_is('outbox', 'cluster_status', ARRAY[]::text[], 'volatile', 'outbox.cluster_status is VOLATILE');
+-- function outbox.worker_buckets (1.7): each relay's key buckets, joined into outbox.status
+SELECT has_function('outbox', 'worker_buckets', ARRAY[]::text[], 'function outbox.worker_buckets() exists');
+SELECT is(pg_get_function_arguments('outbox.worker_buckets()'::regprocedure),
+          'OUT pid integer, OUT worker integer, OUT workers integer, OUT buckets int4range',
+          'outbox.worker_buckets OUT columns');
+SELECT function_lang_is('outbox', 'worker_buckets', ARRAY[]::text[], 'c', 'outbox.worker_buckets is written in C');
+SELECT ok(NOT has_function_privilege('public', 'outbox.worker_buckets()', 'EXECUTE'),
+          'PUBLIC may not execute outbox.worker_buckets()');
+SELECT ok(has_function_privilege('pg_monitor', 'outbox.worker_buckets()', 'EXECUTE'),
+          'pg_monitor may execute outbox.worker_buckets()');
 -- function outbox.emit_bytes (1.6): emit() with a bytea payload, under its own name
 SELECT has_function('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea', 'jsonb', 'text'],
                     'function outbox.emit_bytes(text, text, text, bytea, jsonb, text) exists');
@@ -175,7 +185,7 @@ SELECT is_definer('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea',
                   'outbox.emit_bytes is SECURITY DEFINER');
 SELECT isnt_strict('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea', 'jsonb', 'text'],
                    'outbox.emit_bytes is not STRICT (a NULL payload makes a tombstone)');
-SELECT functions_are('outbox', ARRAY['emit', 'emit_bytes', 'worker_status', 'cluster_status', 'retry_failed', 'capture', 'pause',
+SELECT functions_are('outbox', ARRAY['emit', 'emit_bytes', 'worker_status', 'worker_buckets', 'cluster_status', 'retry_failed', 'capture', 'pause',
                                      'resume', 'replay', 'purge', 'published'],
                      'schema outbox has exactly the documented functions');
 SELECT function_returns('outbox', 'capture', ARRAY[]::text[], 'trigger', 'outbox.capture() is a trigger function');
@@ -249,13 +259,15 @@ SELECT ok(coalesce(btrim(obj_description('outbox.events_id_seq'::regclass, 'pg_c
           'sequence outbox.events_id_seq has a comment');
 SELECT columns_are('outbox', 'status', ARRAY[
     'database', 'pid', 'state', 'pending', 'failed_events', 'oldest_pending_age', 'published',
-    'failed', 'delivery_errors', 'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
+    'failed', 'delivery_errors', 'last_publish_at', 'last_error', 'last_error_at', 'started_at',
+    'worker', 'workers', 'buckets'],
     'outbox.status has exactly the expected columns');
 SELECT is(ARRAY(SELECT attname::text FROM pg_attribute
                  WHERE attrelid = 'outbox.status'::regclass AND attnum > 0 AND NOT attisdropped
                  ORDER BY attnum),
           ARRAY['database', 'pid', 'state', 'pending', 'failed_events', 'oldest_pending_age', 'published',
-                'failed', 'delivery_errors', 'last_publish_at', 'last_error', 'last_error_at', 'started_at'],
+                'failed', 'delivery_errors', 'last_publish_at', 'last_error', 'last_error_at', 'started_at',
+                'worker', 'workers', 'buckets'],
           'outbox.status columns are in the documented order');
 SELECT col_type_is('outbox', 'status', 'database',           'name',                     'status.database is name');
 SELECT col_type_is('outbox', 'status', 'pid',                'integer',                  'status.pid is integer');
@@ -270,6 +282,7 @@ SELECT col_type_is('outbox', 'status', 'last_publish_at',    'timestamp with tim
 SELECT col_type_is('outbox', 'status', 'last_error',         'text',                     'status.last_error is text');
 SELECT col_type_is('outbox', 'status', 'last_error_at',      'timestamp with time zone', 'status.last_error_at is timestamptz');
 SELECT col_type_is('outbox', 'status', 'started_at',         'timestamp with time zone', 'status.started_at is timestamptz');
+SELECT col_type_is('outbox', 'status', 'buckets',            'int4range',                'status.buckets is int4range');
 SELECT lives_ok('SELECT * FROM outbox.status', 'outbox.status can be queried');
 
 -- comments: present and non-empty on the table, every column, both functions and the view

@@ -139,8 +139,8 @@ $$, 'every function in schema outbox pins search_path = pg_catalog, pg_temp');
 SELECT is(ARRAY(SELECT p.proname::text FROM pg_proc p
                  WHERE p.pronamespace = 'outbox'::regnamespace AND NOT p.prosecdef
                  ORDER BY 1),
-          ARRAY['cluster_status', 'worker_status'],
-          'every function but worker_status() and cluster_status() is SECURITY DEFINER');
+          ARRAY['cluster_status', 'worker_buckets', 'worker_status'],
+          'every function but worker_status(), worker_buckets() and cluster_status() is SECURITY DEFINER');
 
 SELECT * FROM finish();
 ROLLBACK;

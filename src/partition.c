@@ -1,0 +1,107 @@
+/*-------------------------------------------------------------------------
+ *
+ * partition.c
+ *	  Key-partitioned relays: outbox.workers_per_database relays share one
+ *	  database's events by key bucket.
+ *
+ * An event's bucket is
+ *		hashtextextended(aggregate_id, hashtextextended(aggregate_type, 0)) & 255
+ * computed from the event row itself (claim.c filters on it), so it is fixed
+ * when the event is written and every event of an aggregate has the same
+ * one.  Worker j of k serves buckets [j * 256 / k, (j + 1) * 256 / k).  The
+ * launcher changes k only between generations: it asks every relay of the
+ * database to exit between two batches, and starts the new ones once all
+ * have (launcher_relays.c).  So at any time each aggregate has at most one
+ * relay, which sends its events in id order, and nothing a relay claimed is
+ * left half-sent for another.
+ *
+ * The relays claim rows (FOR UPDATE SKIP LOCKED, in id order, their buckets
+ * only), so with k > 1 new events are tracked row by row, whatever
+ * outbox.relay_mode says.  Events already tracked by snapshot are sent by
+ * worker 0 in snapshot batches over all buckets; the others' claims stay
+ * below the snapshot progress meanwhile (outbox_snapshot_claim_ceiling), as
+ * after a switch to relay_mode = row.  Worker 0 also runs the retention and
+ * the VACUUMs, which serve the whole table.
+ *
+ * outbox.delivery = exactly_once runs one relay per database: its progress
+ * record and transactional id are the database's (exactly_once.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+
+/* set by outbox_connect_to_database() in a relay; a backend keeps 0 of 1 */
+int			outbox_relay_worker = 0;
+int			outbox_relay_nworkers = 1;
+
+/*
+ * outbox_workers_in_use
+ *		How many relays each database should have: outbox.workers_per_database,
+ *		or 1 with outbox.delivery = exactly_once.  Read by the launcher (how
+ *		many to start) and by emit() (how to track a new event).
+ */
+int
+outbox_workers_in_use(void)
+{
+	if (outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE)
+		return 1;
+	return outbox_workers_per_database;
+}
+
+/*
+ * outbox_warn_unused_workers
+ *		Say once (a WARNING, again after the setting changed back) that
+ *		outbox.workers_per_database is not used with exactly_once.  Called
+ *		by the launcher at every pass.
+ */
+void
+outbox_warn_unused_workers(void)
+{
+	static bool warned = false;
+	bool		unused = outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE &&
+		outbox_workers_per_database > 1;
+
+	if (unused && !warned)
+		ereport(WARNING,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("outbox.workers_per_database = %d is not used with outbox.delivery = exactly_once: each database has one relay",
+						outbox_workers_per_database),
+				 errdetail("An exactly-once relay writes its database's progress record under one transactional id; several relays would fence each other."),
+				 errhint("Set outbox.workers_per_database = 1, or outbox.delivery = at_least_once for parallel relays.")));
+	warned = unused;
+}
+
+/*
+ * outbox_rows_for_new_events
+ *		Should a new event be tracked row by row (xid NULL)?  Yes with
+ *		outbox.relay_mode = row, and while several relays share a database:
+ *		they split the claim of row-tracked events, while a snapshot batch
+ *		covers every bucket.
+ */
+bool
+outbox_rows_for_new_events(void)
+{
+	return outbox_relay_mode == OUTBOX_RELAY_ROW || outbox_workers_in_use() > 1;
+}
+
+/*
+ * outbox_bucket_first
+ *		First bucket (0 .. OUTBOX_BUCKETS - 1) of worker j of nworkers; its
+ *		last is outbox_bucket_first(j + 1, nworkers) - 1.
+ */
+int
+outbox_bucket_first(int worker, int nworkers)
+{
+	return worker * OUTBOX_BUCKETS / Max(nworkers, 1);
+}
+
+/*
+ * outbox_relay_serves_all
+ *		Does this relay serve the table as a whole: the snapshot batches, the
+ *		retention, the VACUUMs?  Worker 0 does, alone or among k.
+ */
+bool
+outbox_relay_serves_all(void)
+{
+	return outbox_relay_worker == 0;
+}
