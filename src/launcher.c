@@ -54,23 +54,27 @@
 #define LAUNCHER_BUSY_NAP_MS		1000
 /* '*': a database without the extension is probed again after this long */
 #define ABSENT_REPROBE_MS			(5 * 60 * 1000)
+/* how long a database runs fewer relays after a background worker was missing */
+#define BGW_CAP_MS					(5 * 60 * 1000)
 /* how long a new launcher waits for the relays of its predecessor to exit */
 #define PREDECESSOR_WAIT_MS			10000
 
 static HTAB *databases = NULL;
 static MemoryContext pass_context = NULL;
-/* some covered database had no relay after the last pass */
-static bool any_unserved = false;
 
 static void launcher_shutdown(int code, Datum arg);
 static long launcher_pass(void);
 static void take_events(void);
 static List *plan_databases(bool *all);
 static void set_target(LauncherDb *db, const OutboxDatabase *row);
+static bool wants_relays(LauncherDb *db, bool all, TimestampTz now);
+static int	relays_wanted(LauncherDb *db, bool all, TimestampTz now);
+static void allot_slots(List *covered, bool all, TimestampTz now);
 static bool serve_database(LauncherDb *db, bool all, TimestampTz now,
 						   long *nap);
+static void start_generation(LauncherDb *db, int want, bool all,
+							 TimestampTz now);
 static bool wait_for_database(LauncherDb *db, TimestampTz now);
-static int	relays_wanted(LauncherDb *db, int running);
 static void report_unserved(LauncherDb **unserved, int count);
 static void forget_failures(LauncherDb *db);
 
@@ -199,6 +203,7 @@ launcher_pass(void)
 	}
 
 	/* start what is missing, in the order of outbox.databases (or OID) */
+	allot_slots(covered, all, now);
 	unserved = palloc(sizeof(LauncherDb *) * Max(list_length(covered), 1));
 	foreach(lc, covered)
 	{
@@ -214,23 +219,99 @@ launcher_pass(void)
 			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
 		}
 	}
-	any_unserved = nunserved > 0;
 	report_unserved(unserved, nunserved);
 	return nap;
 }
 
 /*
- * Keep the relays of a covered database running: start the missing ones
- * (after their restart delay), and retire them all when the database
- * should have another number of them.  Lowers *nap (ms) to when it wants
- * to look again.  False if the database has no relay for want of a slot
- * or a background worker (or no slot to wait in, see wait_for_database).
+ * Does db want relays started now?  Not while it cannot be connected to,
+ * nor ('*') while its relay found no extension there lately.
+ */
+static bool
+wants_relays(LauncherDb *db, bool all, TimestampTz now)
+{
+	if (launcher_relays_running(db) > 0)
+		return true;
+	if (db->obstacle != NULL)
+		return false;
+	return !(db->absent && all &&
+			 !TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS));
+}
+
+/*
+ * How many relays db may run: outbox.workers_per_database, 1 under '*'
+ * until a relay found the extension there (the others would only start to
+ * exit again), and fewer for a while after max_worker_processes had no
+ * background worker for the next one.
+ */
+static int
+relays_wanted(LauncherDb *db, bool all, TimestampTz now)
+{
+	int			k = outbox_workers_in_use();
+
+	if (launcher_relay_found_extension(db))
+		db->confirmed = true;
+	if (all && !db->confirmed)
+		k = 1;
+	if (db->bgw_cap > 0 && now < db->bgw_cap_until)
+		k = Min(k, db->bgw_cap);
+	return k;
+}
+
+/*
+ * Share the outbox.max_workers slots among the covered databases (covered,
+ * in slot priority order): one relay each first, those that run before the
+ * others, then the rest of what each wants, in order.  Deterministic, so
+ * that databases never take slots from each other in turn.  Sets
+ * db->allotted (0: no slot for it).
+ */
+static void
+allot_slots(List *covered, bool all, TimestampTz now)
+{
+	int			budget = outbox_shared->nslots;
+	ListCell   *lc;
+	int			round;
+
+	foreach(lc, covered)
+		((LauncherDb *) lfirst(lc))->allotted = 0;
+	for (round = 0; round < 3; round++)
+	{
+		foreach(lc, covered)
+		{
+			LauncherDb *db = lfirst(lc);
+			int			running = launcher_relays_running(db);
+			int			more;
+
+			if (!db->wanted || !wants_relays(db, all, now) ||
+				(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
+				continue;
+			if (round == 0 && running > 0 && budget > 0)
+				more = 1;
+			else if (round == 1 && db->allotted == 0 && budget > 0)
+				more = 1;
+			else if (round == 2 && db->allotted > 0)
+				more = Min(relays_wanted(db, all, now) - db->allotted, budget);
+			else
+				more = 0;
+			db->allotted += more;
+			budget -= more;
+		}
+	}
+}
+
+/*
+ * Keep the relays of a covered database running: start a generation of
+ * db->allotted relays, each with its slot taken at once, restart one that
+ * failed (after its delay), and retire them all when the database should
+ * run another number of them.  Lowers *nap (ms) to when it wants to look
+ * again.  False if the database has no relay for want of a slot or a
+ * background worker (or no slot to wait in, see wait_for_database).
  */
 static bool
 serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 {
 	int			running = launcher_relays_running(db);
-	int			want;
+	int			want = Max(db->allotted, 1);
 	int			j;
 
 	if (running == 0 && db->obstacle != NULL)
@@ -240,16 +321,11 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 		*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
 		return wait_for_database(db, now);
 	}
-	/* a listed database gets a relay that waits for the extension */
-	if (running == 0 && db->absent)
-	{
-		if (all && !TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS))
-			return true;
-		db->absent = false;
-	}
+	if (running == 0 && !wants_relays(db, all, now))
+		return true;
+	db->absent = false;
 
 	/* another k: the new relays start once every old one has exited */
-	want = relays_wanted(db, running);
 	if (running > 0 && want != db->nworkers)
 	{
 		if (launcher_retire_relays(db, now))
@@ -260,10 +336,7 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 		running = 0;
 	}
 	if (running == 0)
-	{
-		db->nworkers = want;
-		launcher_free_idle_slots(db, want);
-	}
+		start_generation(db, want, all, now);
 
 	for (j = 0; j < db->nworkers; j++)
 	{
@@ -271,9 +344,6 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 
 		if (r->handle != NULL)
 			continue;
-		/* relay 0 wakes us once it found the extension */
-		if (j > 0 && !launcher_relay_found_extension(db))
-			break;
 		if (r->start_after > now)
 		{
 			*nap = Min(*nap, Max(TimestampDifferenceMilliseconds(now, r->start_after), 10));
@@ -281,8 +351,17 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 		}
 		if (!launcher_start_relay(db, j, databases, now))
 		{
+			/* its slot is being freed: another database's relays retire */
+			if (j == 0 && db->allotted > 0 && !db->no_bgworker)
+			{
+				*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
+				return true;
+			}
 			if (j == 0)
 				return false;
+			/* no background worker: run as many as started, for a while */
+			db->bgw_cap = launcher_relays_running(db);
+			db->bgw_cap_until = TimestampTzPlusMilliseconds(now, BGW_CAP_MS);
 			*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
 			break;
 		}
@@ -291,41 +370,38 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 }
 
 /*
- * How many relays database db (running of them now) should have: k, or
- * fewer while outbox.max_workers has no slot for the others (logged once):
- * all its relays must run for all its buckets to be served.  A database
- * that got fewer grows to k once the slots are free and every covered
- * database has a relay.
+ * Begin a generation of want relays for db: take a slot for each now (a
+ * relay that starts later must find its own), and say once when the
+ * database gets fewer relays than it should.
  */
-static int
-relays_wanted(LauncherDb *db, int running)
+static void
+start_generation(LauncherDb *db, int want, bool all, TimestampTz now)
 {
 	int			k = outbox_workers_in_use();
-	int			slots = Max(outbox_slots_free() + launcher_slots_held(db), 1);
-	int			want;
+	int			j;
 
-	/*
-	 * Grow only when every covered database has its relay.  A generation
-	 * that lost a slot (taken by another database while one of its relays
-	 * waited to start) is restarted smaller: each relay's buckets would
-	 * wait otherwise.
-	 */
-	if (running > 0 && k > db->nworkers && slots >= db->nworkers &&
-		(any_unserved || slots < k))
-		want = db->nworkers;
-	else
-		want = Min(k, slots);
-	if (want < k && !db->short_logged)
+	launcher_free_idle_slots(db, want);
+	for (j = 0; j < want; j++)
+		if (db->relays[j].slot < 0 && launcher_take_slot(db, j) < 0)
+			break;
+	db->nworkers = Max(j, 1);
+	launcher_free_idle_slots(db, db->nworkers);
+	if (all && !db->confirmed)
+		return;					/* one relay to look for the extension */
+	if (db->nworkers < k && j > 0 && !db->short_logged)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("outbox launcher runs %d of %d relays for database \"%s\": no free worker slot for the others",
-						want, k, db->name),
-				 errdetail("outbox.max_workers = %d slots serve every database; outbox.workers_per_database = %d.",
+				 errmsg("outbox launcher runs %d of %d relays for database \"%s\"",
+						db->nworkers, k, db->name),
+				 db->bgw_cap > 0 && now < db->bgw_cap_until ?
+				 errdetail("max_worker_processes had no background worker for the next one; the launcher tries again in %d s.",
+						   BGW_CAP_MS / 1000) :
+				 errdetail("outbox.max_workers = %d slots serve every database, one relay for each covered database first; outbox.workers_per_database = %d.",
 						   outbox_max_workers, outbox_workers_per_database),
-				 errhint("Raise outbox.max_workers (needs a restart) or lower outbox.workers_per_database. The database gets %d relays once slots are free.",
+				 errhint("Raise outbox.max_workers or max_worker_processes (both need a restart), or lower outbox.workers_per_database. The database gets its %d relays once they are free.",
 						 k)));
-	db->short_logged = want < k;
-	return want;
+	if (j > 0)
+		db->short_logged = db->nworkers < k;
 }
 
 /*

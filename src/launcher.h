@@ -42,6 +42,10 @@ typedef struct LauncherDb
 	TimestampTz unserved_since; /* no slot for it since; 0: served */
 	bool		no_bgworker;	/* why: max_worker_processes, not max_workers */
 	int			nworkers;		/* k of the relays that run or start */
+	int			allotted;		/* relays the last share of slots gave it */
+	bool		confirmed;		/* '*': a relay found the extension there */
+	int			bgw_cap;		/* relays that got a background worker ... */
+	TimestampTz bgw_cap_until;	/* ... when the next one got none: until */
 	bool		short_logged;	/* logged that it runs fewer than wanted */
 	LauncherRelay relays[OUTBOX_MAX_WORKERS_PER_DATABASE];
 } LauncherDb;

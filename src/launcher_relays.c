@@ -158,6 +158,7 @@ reap_relay(LauncherDb *db, int worker, TimestampTz now)
 	pid_t		pid;
 	bool		absent;
 	bool		connected;
+	bool		retired;
 	int			delay;
 
 	switch (GetBackgroundWorkerPid(r->handle, &pid))
@@ -175,16 +176,19 @@ reap_relay(LauncherDb *db, int worker, TimestampTz now)
 	SpinLockAcquire(&slot->mutex);
 	absent = slot->extension_absent;
 	connected = slot->connected;
+	retired = slot->retire;		/* asked to, or on its own (worker.c) */
 	SpinLockRelease(&slot->mutex);
-	if (r->stopping || absent || connected)
+	/* a relay that failed keeps its slot for its restart */
+	if (r->stopping || retired || absent)
 		launcher_free_slot(db, worker);
-	if (r->stopping)
+	if (r->stopping || retired)
 		r->stopping = r->retiring = false;
 	else if (absent && db->created)
 		r->start_after = 0;		/* it looked too early: start it again */
 	else if (absent)
 	{
 		db->absent = true;
+		db->confirmed = false;
 		db->absent_at = now;
 		r->failures = 0;
 	}

@@ -90,26 +90,26 @@ warn_if_not_relayed_here(FunctionCallInfo fcinfo)
 			{
 				ereport(WARNING,
 						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("outbox.%s() in database \"%s\" has no effect on any relay",
+						 errmsg("outbox.%s() in database \"%s\" has no effect on any relay now",
 								get_func_name(fcinfo->flinfo->fn_oid), dbname),
-						 errdetail("The relays serve the databases of outbox.databases only: %s.",
+						 errdetail("The relays serve the databases of outbox.databases only: %s. What it changed is stored: a relay that serves this database later acts on it.",
 								   outbox_databases)));
 				break;
 			}
 			ereport(WARNING,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("outbox.%s() in database \"%s\" has no effect on any relay",
+					 errmsg("outbox.%s() in database \"%s\" has no effect on any relay now",
 							get_func_name(fcinfo->flinfo->fn_oid), dbname),
-					 errdetail("The relay serves database \"%s\" only (outbox.database).",
+					 errdetail("The relay serves database \"%s\" only (outbox.database). What it changed is stored: a relay that serves this database later acts on it.",
 							   outbox_database),
 					 errhint("Call it in database \"%s\".", outbox_database)));
 			break;
 		case OUTBOX_UNSERVABLE_DATABASE:
 			ereport(WARNING,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("outbox.%s() in database \"%s\" has no effect on any relay",
+					 errmsg("outbox.%s() in database \"%s\" has no effect on any relay now",
 							get_func_name(fcinfo->flinfo->fn_oid), dbname),
-					 errdetail("It is a template or does not accept connections, so no relay can connect to it.")));
+					 errdetail("It is a template or does not accept connections, so no relay can connect to it. What it changed is stored: a relay that serves this database later acts on it.")));
 			break;
 		case OUTBOX_RELAYED:
 			break;

@@ -297,6 +297,7 @@ extern OutboxRelaySlot *outbox_my_slot;	/* the relay's own slot */
 extern void outbox_shared_register_worker(int slot, int worker, int nworkers);
 extern void outbox_shared_note_extension(void);
 extern bool outbox_shared_retiring(void);
+extern void outbox_shared_mark_retiring(void);
 extern void outbox_shared_wait_for_others(void);
 extern int	outbox_slots_free(void);
 extern void outbox_wake_worker(bool control);

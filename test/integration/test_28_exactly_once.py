@@ -418,3 +418,28 @@ def test_exactly_once_keeps_one_relay_per_database(env, conn, exactly_once):
     finally:
         query(conn, "ALTER SYSTEM RESET outbox.workers_per_database")
         query(conn, "SELECT pg_reload_conf()")
+
+
+def test_exactly_once_switched_on_while_k_relays_run(env, conn):
+    """outbox.delivery = exactly_once reloaded while 3 relays share the database: they exit
+    before any builds a transactional producer (a helper's try: each rebuilt its producer with the
+    database's one transactional.id, and they fenced each other), and one relay starts."""
+    watcher = LogWatcher(env)
+    try:
+        set_conf(conn, workers_per_database=3)
+        wait_until(lambda: [r[0] for r in query(conn, "SELECT workers FROM outbox.status")] == [3, 3, 3],
+                   30, "3 relays")
+        set_conf(conn, delivery="exactly_once")
+        wait_until(lambda: any(READY_LINE in line for line in watcher.new_lines()), 90,
+                   "the relay to start exactly-once delivery")
+        time.sleep(2)
+        rows = query(conn, "SELECT worker, workers FROM outbox.status")
+        assert rows == [(1, 1)], rows
+        lines = watcher.new_lines()
+        ready = [line for line in lines if READY_LINE in line]
+        fenced = [line for line in lines if "FENCED" in line or "fenced" in line]
+        assert len(ready) == 1 and not fenced, "\n".join(ready + fenced)
+        probe(env, conn, "it.eos.k3", "exactly_once after 3 relays")
+    finally:
+        set_conf(conn, delivery=None, progress_topic=None, workers_per_database=None)
+        probe(env, conn, "it.eos.back.k", "back to at_least_once and one relay")

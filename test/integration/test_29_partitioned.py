@@ -285,9 +285,12 @@ def test_workers_per_database_setting(conn):
     assert query_one(conn, "SHOW outbox.workers_per_database")[0] == "1"
 
 
-def test_max_workers_short_of_k(env):
-    """outbox.max_workers = 3, two databases, k = 2: the second gets one relay (WARNING once),
-    then two once the first database's relays are gone."""
+def test_slots_and_background_workers_short_of_k(env):
+    """outbox.max_workers = 3 and k = 3: one database runs 3 relays; a second one listed on reload
+    gets one at once and the first gives one up (one relay for each database first); alone again,
+    the second grows to 3.  Then max_worker_processes leaves 2 background workers: the database
+    runs 2 relays whose buckets tile 0..255, and every event goes out (a helper's try: relays 1-6
+    of 8 ran, buckets 192-255 had none, their events stayed pending)."""
     with extra_cluster(env, "kslots", 31, database="postgres") as other:
         c = pg_connect(other)
         for d in ("kp_a", "kp_b"):
@@ -296,40 +299,65 @@ def test_max_workers_short_of_k(env):
             query(dc, "CREATE EXTENSION outbox")
             dc.close()
         set_system(c, "outbox.max_workers", 3)
-        set_system(c, "outbox.databases", "kp_a, kp_b")
+        set_system(c, "outbox.databases", "kp_a")
+        set_system(c, "outbox.workers_per_database", 3)
         c.close()
         pg_sh(other, "restart")
-        c = connect_db(other, "kp_b")       # outbox.cluster_status() lives in the extension
         conns = {d: connect_db(other, d) for d in ("kp_a", "kp_b")}
-        watcher = LogWatcher(other)
-        set_system(c, "outbox.workers_per_database", 2)
+        c = conns["kp_a"]
 
         def per_db():
-            """{database: (relays running, their k)} from each database's outbox.status."""
+            """{database: (relays running, their k, bucket ranges tile 0..255)}."""
             out = {}
             for d, dc in conns.items():
-                rows = query(dc, "SELECT workers FROM outbox.status WHERE worker IS NOT NULL")
+                rows = query(dc, "SELECT workers, buckets::text FROM outbox.status"
+                                 " WHERE worker IS NOT NULL ORDER BY worker")
                 if rows:
-                    out[d] = (len(rows), sorted({r[0] for r in rows}))
+                    edges = [bucket_bounds(r[1]) for r in rows]
+                    tiled = (edges[0][0] == 0 and edges[-1][1] == 256
+                             and all(x[1] == y[0] for x, y in zip(edges, edges[1:])))
+                    out[d] = (len(rows), sorted({r[0] for r in rows}), tiled)
             return out
-        # whichever database the launcher served first gets 2 relays, the other 1
-        wait_until(lambda: sorted(per_db().values()) == [(1, [1]), (2, [2])], 30,
-                   "2 + 1 relays in 3 slots")
+
+        def drained(d, n=60):
+            dc = conns[d]
+            query(dc, "SELECT outbox.emit('kpslots', 'a' || g, 'e', '{}') FROM generate_series(1, %s) g", (n,))
+            wait_until(lambda: query_one(dc, "SELECT count(*) FROM outbox.events e"
+                                             " WHERE NOT outbox.published(e)")[0] == 0, 30,
+                       f"every event of {d} published (all its buckets served)")
+
+        wait_until(lambda: per_db() == {"kp_a": (3, [3], True)}, 30, "kp_a runs 3 relays")
+        watcher = LogWatcher(other)
+        set_system(c, "outbox.databases", "kp_a, kp_b")
+        wait_until(lambda: per_db() == {"kp_a": (2, [2], True), "kp_b": (1, [1], True)}, 30,
+                   "kp_b gets a relay, kp_a gives one up")
+        drained("kp_a")
+        drained("kp_b")
         time.sleep(1)
-        state = per_db()
-        small = [d for d, v in state.items() if v == (1, [1])][0]
         lines = watcher.new_lines()
-        short = [ln for ln in lines if "of 2 relays" in ln]
-        assert len(short) == 1 and f'"{small}"' in short[0], "\n".join(ln for ln in lines if "outbox" in ln)
-        assert sorted(per_db().values()) == [(1, [1]), (2, [2])], per_db()
-        set_system(c, "outbox.databases", small)
-        wait_until(lambda: per_db() == {small: (2, [2])}, 30,
-                   f"{small} grows to 2 relays once the other's slots are free")
-        total = [ln for ln in watcher.new_lines() if "of 2 relays" in ln]
-        assert total == short, total      # the log since the reload: no second line
-        report(f"OUTBOX KEY-PARTITIONED RELAYS: max_workers 3, 2 databases, k 2: one database ran"
-               f" 1 relay (logged once: {short[0].split('WARNING:')[-1].strip()[:90]}), then 2 once"
-               f" the other's slots were free")
+        short = sorted(ln.split("WARNING:")[-1].strip() for ln in lines if "relays for database" in ln)
+        assert short == ['outbox launcher runs 1 of 3 relays for database "kp_b"',
+                         'outbox launcher runs 2 of 3 relays for database "kp_a"'], \
+            "\n".join(ln for ln in lines if "outbox" in ln)
+        set_system(c, "outbox.databases", "kp_b")
+        wait_until(lambda: per_db() == {"kp_b": (3, [3], True)}, 30, "kp_b grows to 3 relays")
+        drained("kp_b")
+
+        # 4 background workers: PostgreSQL's logical replication launcher, ours, 2 relays
+        set_system(c, "max_worker_processes", 4)
         for dc in conns.values():
             dc.close()
-        c.close()
+        watcher = LogWatcher(other)
+        pg_sh(other, "restart")
+        conns = {"kp_b": connect_db(other, "kp_b")}
+        wait_until(lambda: per_db() == {"kp_b": (2, [2], True)}, 30, "2 relays of 3 that tile the buckets")
+        drained("kp_b", 200)
+        lines = watcher.new_lines()
+        capped = [ln for ln in lines if "runs 2 of 3 relays" in ln]
+        assert capped and "max_worker_processes" in "".join(lines), "\n".join(ln for ln in lines if "outbox" in ln)
+        report("OUTBOX KEY-PARTITIONED RELAYS: max_workers 3, k 3: a database listed on reload got a"
+               " relay at once (the other went from 3 to 2, one WARNING each); alone again it grew to"
+               " 3; with 2 background workers for relays it ran 2 whose buckets tile 0..255, and"
+               " every event was published")
+        for dc in conns.values():
+            dc.close()
