@@ -61,6 +61,5 @@ extern bool launcher_relay_found_extension(const LauncherDb *db);
 extern int	launcher_take_slot(LauncherDb *db, int worker);
 extern void launcher_free_slot(LauncherDb *db, int worker);
 extern void launcher_free_idle_slots(LauncherDb *db, int worker);
-extern int	launcher_slots_held(const LauncherDb *db);
 
 #endif							/* OUTBOX_LAUNCHER_H */

@@ -66,22 +66,6 @@ launcher_relays_running(const LauncherDb *db)
 }
 
 /*
- * launcher_slots_held
- *		How many slots db holds: its relays', and one it waits in.
- */
-int
-launcher_slots_held(const LauncherDb *db)
-{
-	int			n = 0;
-	int			j;
-
-	for (j = 0; j < OUTBOX_MAX_WORKERS_PER_DATABASE; j++)
-		if (db->relays[j].slot >= 0)
-			n++;
-	return n;
-}
-
-/*
  * launcher_take_slot
  *		Relay worker of db takes a free slot; returns it, or -1 if none is
  *		free.
@@ -290,9 +274,10 @@ launcher_retire_relays(LauncherDb *db, TimestampTz now)
 
 /*
  * launcher_relay_found_extension
- *		Has relay 0 of db found the extension?  Only then are the others
- *		started: '*' covers databases without it, where each would start
- *		and exit again.
+ *		Has relay 0 of db found the extension (or does it wait for it, a
+ *		listed database)?  Under '*' a database gets its k relays only
+ *		then: '*' covers databases without it, where each would start and
+ *		exit again.
  */
 bool
 launcher_relay_found_extension(const LauncherDb *db)

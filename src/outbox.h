@@ -299,7 +299,6 @@ extern void outbox_shared_note_extension(void);
 extern bool outbox_shared_retiring(void);
 extern void outbox_shared_mark_retiring(void);
 extern void outbox_shared_wait_for_others(void);
-extern int	outbox_slots_free(void);
 extern void outbox_wake_worker(bool control);
 extern uint32 outbox_control_seq(void);
 extern void outbox_wake_launcher(void);

@@ -131,9 +131,9 @@ outbox_shared_register_worker(int slot, int worker, int nworkers)
 /*
  * outbox_shared_note_extension
  *		Tell the launcher, once per process, that the calling relay stays:
- *		it found outbox.events, or waits for it (a listed database).  The
- *		launcher starts a database's other relays only then, not k of them
- *		in every database of '*' that lacks the extension.
+ *		it found outbox.events, or waits for it (a listed database).  Under
+ *		'*' the launcher gives a database its k relays only then, not k of
+ *		them in every database that lacks the extension.
  */
 void
 outbox_shared_note_extension(void)
@@ -440,28 +440,6 @@ outbox_slot_take(Oid dboid, const char *name)
 			return i;
 	}
 	return -1;
-}
-
-/*
- * outbox_slots_free
- *		How many relay slots no database holds.  Launcher only.
- */
-int
-outbox_slots_free(void)
-{
-	int			n = 0;
-	int			i;
-
-	for (i = 0; i < outbox_shared->nslots; i++)
-	{
-		OutboxRelaySlot *s = &outbox_shared->slots[i];
-
-		SpinLockAcquire(&s->mutex);
-		if (!s->in_use && s->worker_pid == 0)
-			n++;
-		SpinLockRelease(&s->mutex);
-	}
-	return n;
 }
 
 /*
