@@ -52,10 +52,6 @@
 #define LAUNCHER_NAP_MS				10000
 /* ... and this often while something waits (a database, a slot, a delay) */
 #define LAUNCHER_BUSY_NAP_MS		1000
-/* '*': a database without the extension is probed again after this long */
-#define ABSENT_REPROBE_MS			(5 * 60 * 1000)
-/* how long a database runs fewer relays after a background worker was missing */
-#define BGW_CAP_MS					(5 * 60 * 1000)
 /* how long a new launcher waits for the relays of its predecessor to exit */
 #define PREDECESSOR_WAIT_MS			10000
 
@@ -67,9 +63,6 @@ static long launcher_pass(void);
 static void take_events(void);
 static List *plan_databases(bool *all);
 static void set_target(LauncherDb *db, const OutboxDatabase *row);
-static bool wants_relays(LauncherDb *db, bool all, TimestampTz now);
-static int	relays_wanted(LauncherDb *db, bool all, TimestampTz now);
-static void allot_slots(List *covered, bool all, TimestampTz now);
 static bool serve_database(LauncherDb *db, bool all, TimestampTz now,
 						   long *nap);
 static void start_generation(LauncherDb *db, int want, bool all,
@@ -203,7 +196,7 @@ launcher_pass(void)
 	}
 
 	/* start what is missing, in the order of outbox.databases (or OID) */
-	allot_slots(covered, all, now);
+	launcher_allot_slots(covered, all, now);
 	unserved = palloc(sizeof(LauncherDb *) * Max(list_length(covered), 1));
 	foreach(lc, covered)
 	{
@@ -221,82 +214,6 @@ launcher_pass(void)
 	}
 	report_unserved(unserved, nunserved);
 	return nap;
-}
-
-/*
- * Does db want relays started now?  Not while it cannot be connected to,
- * nor ('*') while its relay found no extension there lately.
- */
-static bool
-wants_relays(LauncherDb *db, bool all, TimestampTz now)
-{
-	if (launcher_relays_running(db) > 0)
-		return true;
-	if (db->obstacle != NULL)
-		return false;
-	return !(db->absent && all &&
-			 !TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS));
-}
-
-/*
- * How many relays db may run: outbox.workers_per_database, 1 under '*'
- * until a relay found the extension there (the others would only start to
- * exit again), and fewer for a while after max_worker_processes had no
- * background worker for the next one.
- */
-static int
-relays_wanted(LauncherDb *db, bool all, TimestampTz now)
-{
-	int			k = outbox_workers_in_use();
-
-	if (launcher_relay_found_extension(db))
-		db->confirmed = true;
-	if (all && !db->confirmed)
-		k = 1;
-	if (db->bgw_cap > 0 && now < db->bgw_cap_until)
-		k = Min(k, db->bgw_cap);
-	return k;
-}
-
-/*
- * Share the outbox.max_workers slots among the covered databases (covered,
- * in slot priority order): one relay each first, those that run before the
- * others, then the rest of what each wants, in order.  Deterministic, so
- * that databases never take slots from each other in turn.  Sets
- * db->allotted (0: no slot for it).
- */
-static void
-allot_slots(List *covered, bool all, TimestampTz now)
-{
-	int			budget = outbox_shared->nslots;
-	ListCell   *lc;
-	int			round;
-
-	foreach(lc, covered)
-		((LauncherDb *) lfirst(lc))->allotted = 0;
-	for (round = 0; round < 3; round++)
-	{
-		foreach(lc, covered)
-		{
-			LauncherDb *db = lfirst(lc);
-			int			running = launcher_relays_running(db);
-			int			more;
-
-			if (!db->wanted || !wants_relays(db, all, now) ||
-				(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
-				continue;
-			if (round == 0 && running > 0 && budget > 0)
-				more = 1;
-			else if (round == 1 && db->allotted == 0 && budget > 0)
-				more = 1;
-			else if (round == 2 && db->allotted > 0)
-				more = Min(relays_wanted(db, all, now) - db->allotted, budget);
-			else
-				more = 0;
-			db->allotted += more;
-			budget -= more;
-		}
-	}
 }
 
 /*
@@ -321,7 +238,7 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 		*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
 		return wait_for_database(db, now);
 	}
-	if (running == 0 && !wants_relays(db, all, now))
+	if (running == 0 && !launcher_wants_relays(db, all, now))
 		return true;
 	db->absent = false;
 

@@ -14,6 +14,11 @@
 #include "postmaster/bgworker.h"
 #include "utils/hsearch.h"
 
+/* '*': a database without the extension is probed again after this long */
+#define ABSENT_REPROBE_MS			(5 * 60 * 1000)
+/* how long a database runs fewer relays after a background worker was missing */
+#define BGW_CAP_MS					(5 * 60 * 1000)
+
 /* one relay of a database: worker j of its k */
 typedef struct LauncherRelay
 {
@@ -50,6 +55,9 @@ typedef struct LauncherDb
 	LauncherRelay relays[OUTBOX_MAX_WORKERS_PER_DATABASE];
 } LauncherDb;
 
+extern bool launcher_wants_relays(LauncherDb *db, bool all, TimestampTz now);
+extern int	launcher_relays_wanted(LauncherDb *db, bool all, TimestampTz now);
+extern void launcher_allot_slots(List *covered, bool all, TimestampTz now);
 extern void launcher_init_relays(LauncherDb *db);
 extern int	launcher_relays_running(const LauncherDb *db);
 extern void launcher_reap_relays(LauncherDb *db, TimestampTz now);

@@ -6,7 +6,8 @@
  *
  * A database has k relays (outbox.workers_per_database, partition.c), each
  * a dynamic background worker in a slot of shared memory.  launcher.c
- * decides which databases get relays and how many; this file runs them.
+ * decides which databases get relays; this file shares the slots out among
+ * them (launcher_allot_slots) and runs the relays.
  * To change k the launcher retires the database's relays (each exits
  * between two batches, so nothing it claimed is left half-sent) and starts
  * the new ones only when all have exited: two relays never serve one
@@ -17,6 +18,7 @@
 #include "outbox.h"
 #include "connect.h"
 #include "launcher.h"
+#include "lifecycle.h"
 #include "status.h"
 
 #include "postmaster/bgworker.h"
@@ -30,6 +32,103 @@
 #define RELAY_STABLE_MS				60000
 /* a relay asked to retire gets SIGTERM after its batch's longest wait */
 #define RETIRE_MARGIN_MS			10000
+
+/*
+ * launcher_wants_relays
+ *		Does db want relays started now?  Not while it cannot be connected to,
+ * nor ('*') while its relay found no extension there lately.
+ */
+bool
+launcher_wants_relays(LauncherDb *db, bool all, TimestampTz now)
+{
+	if (launcher_relays_running(db) > 0)
+		return true;
+	if (db->obstacle != NULL)
+		return false;
+	return !(db->absent && all &&
+			 !TimestampDifferenceExceeds(db->absent_at, now, ABSENT_REPROBE_MS));
+}
+
+/*
+ * launcher_relays_wanted
+ *		How many relays db may run: outbox.workers_per_database, 1 under '*'
+ * until a relay found the extension there (the others would only start to
+ * exit again), and fewer for a while after max_worker_processes had no
+ * background worker for the next one.
+ */
+int
+launcher_relays_wanted(LauncherDb *db, bool all, TimestampTz now)
+{
+	int			k = outbox_workers_in_use();
+
+	if (launcher_relay_found_extension(db))
+		db->confirmed = true;
+	if (all && !db->confirmed)
+		k = 1;
+	if (db->bgw_cap > 0 && now < db->bgw_cap_until)
+		k = Min(k, db->bgw_cap);
+	return k;
+}
+
+/*
+ * launcher_allot_slots
+ *		Share the outbox.max_workers slots among the covered databases (covered,
+ * in slot priority order): one relay each first, those that run before the
+ * others, then the rest of what each wants, in order.  Deterministic, so
+ * that databases never take slots from each other in turn.  Sets
+ * db->allotted (0: no slot for it).
+ */
+void
+launcher_allot_slots(List *covered, bool all, TimestampTz now)
+{
+	int			budget = outbox_shared->nslots;
+	List	   *eligible = NIL;
+	ListCell   *lc;
+
+	foreach(lc, covered)
+	{
+		LauncherDb *db = lfirst(lc);
+
+		db->allotted = 0;
+		if (db->wanted && launcher_wants_relays(db, all, now) &&
+			!(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
+			eligible = lappend(eligible, db);
+	}
+	/* one relay each: the databases that run one keep it, then the others */
+	foreach(lc, eligible)
+	{
+		LauncherDb *db = lfirst(lc);
+
+		if (launcher_relays_running(db) > 0 && budget > 0)
+		{
+			db->allotted = 1;
+			budget--;
+		}
+	}
+	foreach(lc, eligible)
+	{
+		LauncherDb *db = lfirst(lc);
+
+		if (db->allotted == 0 && budget > 0)
+		{
+			db->allotted = 1;
+			budget--;
+		}
+	}
+	/* then the rest of each database's k, in order */
+	foreach(lc, eligible)
+	{
+		LauncherDb *db = lfirst(lc);
+		int			more;
+
+		if (db->allotted == 0)
+			continue;
+		more = Min(launcher_relays_wanted(db, all, now) - 1, budget);
+		db->allotted += more;
+		budget -= more;
+	}
+	list_free(eligible);
+}
 
 /* the last start failed for lack of a background worker (logged once) */
 static bool bgw_slots_exhausted = false;

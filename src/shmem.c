@@ -130,19 +130,16 @@ outbox_shared_register_worker(int slot, int worker, int nworkers)
 
 /*
  * outbox_shared_note_extension
- *		Tell the launcher, once per process, that the calling relay stays:
- *		it found outbox.events, or waits for it (a listed database).  Under
- *		'*' the launcher gives a database its k relays only then, not k of
- *		them in every database that lacks the extension.
+ *		Tell the launcher that the calling relay stays, called once at its
+ *		start: it found the extension, or waits for it (a listed database).
+ *		Under '*' the launcher gives a database its k relays only then, not
+ *		k of them in every database that lacks the extension.
  */
 void
 outbox_shared_note_extension(void)
 {
-	static bool noted = false;
-
-	if (noted || outbox_my_slot == NULL)
+	if (outbox_my_slot == NULL)
 		return;
-	noted = true;
 	SpinLockAcquire(&outbox_my_slot->mutex);
 	outbox_my_slot->has_extension = true;
 	SpinLockRelease(&outbox_my_slot->mutex);

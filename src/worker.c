@@ -253,10 +253,10 @@ relay_loop(void)
 
 /*
  * The launcher asked us to exit (outbox.workers_per_database changed, or
- * the slots for it did), or exactly_once wants one relay where we are one of
- * several (the launcher then starts one): we are between batches, with nothing claimed and
- * nothing in flight, so the next generation of relays starts where we
- * stopped.  Exit code 0: the launcher does not restart us.
+ * the slots for it did), or exactly_once wants one relay where we are one
+ * of several (the launcher then starts one): we are between batches, with
+ * nothing claimed and nothing in flight, so the next generation of relays
+ * starts where we stopped.  Exit code 0: the launcher does not restart us.
  */
 static void
 retire(void)
@@ -388,8 +388,6 @@ relay_step(void)
 	/* SIGTERM during the batch: it was cut short and marked; exit now */
 	CHECK_FOR_INTERRUPTS();
 
-	if (!result.table_missing)
-		outbox_shared_note_extension();
 	if (result.table_missing)
 	{
 		if (strcmp(outbox_databases, "*") == 0)
