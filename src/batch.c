@@ -127,6 +127,14 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 		return;
 	}
 	portal = outbox_open_claim(variant, snapshot_schema, bytes);
+	if (relay_is_paused(relid))
+	{
+		/* paused after the first check: see relay_is_paused */
+		SPI_cursor_close(portal);
+		result->paused = true;
+		outbox_relay_xact_end(callercxt, false);
+		return;
+	}
 
 	/*
 	 * From here to the commit, SIGTERM (a fast or smart shutdown, a restart)
@@ -175,6 +183,13 @@ begin_batch(OutboxProducer *producer, Batch *batch)
 /*
  * True if outbox.pause() paused the relay.  Schemas before 1.2 have no
  * outbox.relay table and cannot be paused.
+ *
+ * Read with a snapshot of its own (read_only = false), and once more right
+ * after the batch's own snapshot was taken (the claim's cursor, or the
+ * snapshot batch's pg_current_snapshot()): a pause() that committed before
+ * that snapshot is then seen, and events emitted after pause() returned
+ * are never in the batch.  The first read alone left a window in which a
+ * batch that had just read "not paused" sent them.
  */
 static bool
 relay_is_paused(Oid events_relid)
@@ -185,7 +200,7 @@ relay_is_paused(Oid events_relid)
 	if (!OidIsValid(get_relname_relid("relay", get_rel_namespace(events_relid))))
 		return false;
 	if (SPI_execute_plan(outbox_prepare_plan(&paused_plan, "SELECT paused FROM outbox.relay",
-											 0, NULL), NULL, NULL, true, 1) != SPI_OK_SELECT)
+											 0, NULL), NULL, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read outbox.relay");
 	if (SPI_processed == 0)
 		return false;
@@ -332,6 +347,12 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 
 	outbox_snapshot_adopt();
 	outbox_snapshot_begin(&sb);
+	if (relay_is_paused(batch->events_relid))
+	{
+		/* paused after the first check: see relay_is_paused */
+		result->paused = true;
+		return;
+	}
 	sb.bytes = bytes;
 	batch->held = outbox_snapshot_held();
 	HOLD_INTERRUPTS();

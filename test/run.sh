@@ -21,7 +21,7 @@
 #   OUTBOX_KAFKA3_MAJORS   "17"           majors whose integration stage also runs test_27 against a
 #                                         3-broker Kafka cluster (test/env/kafka-cluster.sh), and
 #                                         not test_10 (test_27 kills Postgres 10 times itself)
-#   OUTBOX_CLEANUP_EVENTS  300000         events per run of test_18's retention test (the README's
+#   OUTBOX_CLEANUP_EVENTS  150000         events per run of test_18's retention test (the README's
 #                                         figures are from 1,000,000; the whole run must stay under
 #                                         CI's 60 minutes: 500,000 took 159 s per major)
 #
@@ -168,7 +168,7 @@ regress() {
 }
 
 integration() {
-    local major=$1 tests=() cleanup=${OUTBOX_CLEANUP_EVENTS:-300000} kafka3=
+    local major=$1 tests=() cleanup=${OUTBOX_CLEANUP_EVENTS:-150000} kafka3=
     eval "PYARGS=(${PYTEST_ARGS:-})"     # keeps quoting, e.g. PYTEST_ARGS="-k 'a or b'"
     if in_list "$major" "${FULL_MAJORS[@]}"; then
         tests=(test/integration)

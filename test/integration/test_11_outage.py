@@ -21,7 +21,7 @@ from helpers_crash import (EmitLoad, LightReader, StatusMonitor, Watermarks, ass
 
 SESSIONS = 8
 AGGREGATES = 64
-OUTAGE_S = 30                   # Kafka stopped this long under load (60 until CI had to fit in 60 min)
+OUTAGE_S = 20                   # Kafka stopped this long under load (60, then 30, until CI had to fit in 60 min)
 OUTAGE_THINK_S = 0.002         # per session between commits: a few thousand events/s in all
 MAX_OUTAGE_WARNINGS = 10        # relay WARNING/ERROR lines for one outage, at most
 DRAIN_TIMEOUT_S = 240
@@ -252,8 +252,12 @@ def test_fast_shutdown_with_broker_down_and_with_backlog(env, prefix):
     report(f"OUTBOX SHUTDOWN: after the restart {pending_after} pending drained in {drain_s:.1f}s; "
            f"{len(expected)} events expected, {c.distinct} received, {len(c.lost)} lost, "
            f"{c.reorderings} reorderings, duplicates {dups_down} (broker-down stop) + {dups_bulk} (backlog stop)")
-    assert stop_down_s < SHUTDOWN_LIMIT_S, f"pg_ctl stop -m fast took {stop_down_s:.1f}s with Kafka down"
-    assert stop_backlog_s < SHUTDOWN_LIMIT_S, f"pg_ctl stop -m fast took {stop_backlog_s:.1f}s with a backlog"
+    # the shutdown checkpoint writes what the 200,000 inserts dirtied: on a slow disk that alone can
+    # take seconds, and it is not the relay's doing, so the limit applies to the rest of the stop
+    assert stop_down_s - (ckpt_down or 0) < SHUTDOWN_LIMIT_S, \
+        f"pg_ctl stop -m fast took {stop_down_s:.1f}s with Kafka down (checkpoint {ckpt_down}s)"
+    assert stop_backlog_s - (ckpt_backlog or 0) < SHUTDOWN_LIMIT_S, \
+        f"pg_ctl stop -m fast took {stop_backlog_s:.1f}s with a backlog (checkpoint {ckpt_backlog}s)"
     assert_delivered(c, "fast shutdown")
     assert dups_down <= batch_size and dups_bulk <= batch_size, (dups_down, dups_bulk, batch_size)
 

@@ -449,8 +449,8 @@ RELAY_GRANTS = f"""
     GRANT SELECT ON outbox.events_id_seq TO {RELAY_ROLE};
 """
 WAIT_OBSERVE_S = 12            # time a missing role is watched for a crash loop
-REVOKE_OBSERVE_S = 15          # time a missing grant is watched
-MAX_PERMISSION_ERRORS = 8      # backoff 1, 2, 4, 8 s: about 5 in 15 s
+REVOKE_OBSERVE_S = 10          # time a missing grant is watched
+MAX_PERMISSION_ERRORS = 7      # backoff 1, 2, 4, 8 s: about 4 in 10 s (no backoff: 40)
 CLEANUP_OBSERVE_S = 4           # retention's cleanup runs every second
 REVOKE_EMIT_EVERY_S = 0.25     # commits during that time (each one wakes the relay)
 

@@ -30,7 +30,7 @@ SASL_PORT_OFFSET = 5
 GOOD_PASSWORD = "outbox-secret"
 WRONG_PASSWORD = "wr0ng-Pa55w0rd"
 PROPS = "security.protocol=SASL_PLAINTEXT;sasl.mechanisms=PLAIN;sasl.username=outbox;sasl.password={}"
-WRONG_OBSERVE_S = 15           # time the relay runs with the wrong password
+WRONG_OBSERVE_S = 10           # time the relay runs with the wrong password
 WRONG_EMIT_EVERY_S = 0.5       # events committed meanwhile (each one wakes the relay)
 MAX_WRONG_ENTRIES = 4          # relay log entries (with DETAIL/HINT) in that time
 

@@ -604,6 +604,51 @@ def test_replay_and_purge_snapshot_events(env, conn, prefix, reader_factory, sna
            f" {purged} published events and none of the {len(pending)} pending ones; pending 0 at the end")
 
 
+def test_event_committed_after_pause_waits_for_resume(env, conn, prefix, reader_factory,
+                                                     snapshot_mode):
+    """Found by CI: an event committed after pause() returned went out before resume(), when the
+    relay's batch had read "not paused" just before pause() committed.  Here a session holding a
+    lock on outbox.relay_progress stops the relay's next batch right after that first read; then
+    pause() commits, then the event.  The batch must see the pause (it reads it again after its
+    own snapshot) and send nothing; resume() sends the event once."""
+    agg_type = new_aggregate_type("pauserace")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    wait_pending_zero(conn)
+    blocker = pg_connect(env, autocommit=False)
+    paused = False
+    try:
+        query(blocker, "LOCK TABLE outbox.relay_progress IN ACCESS EXCLUSIVE MODE")
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM pg_stat_activity WHERE backend_type ="
+                                           " 'outbox relay' AND datname = current_database() AND"
+                                           " wait_event_type = 'Lock'")[0] == 1, 30,
+                   "the relay's batch to wait for outbox.relay_progress (after its first pause check)")
+        query(conn, "SELECT outbox.pause()")
+        paused = True
+        (event_id,) = query_one(blocker, "SELECT outbox.emit(%s, 'a', 'e', '{}', NULL, %s)::text",
+                                (agg_type, topic))
+        blocker.commit()
+        wait_until(lambda: relay_status(conn)[0]["state"] == "paused", 20, "the relay to show paused")
+        reader.poll(1.0)
+        early = id_counts(reader.snapshot()).get(event_id, 0)
+        assert early == 0, "an event committed after pause() returned was sent before resume()"
+        assert not rows_of(conn, agg_type)[event_id][3], "the event is marked published while paused"
+        query(conn, "SELECT outbox.resume()")
+        paused = False
+    finally:
+        blocker.close()
+        if paused:
+            query(conn, "SELECT outbox.resume()")
+    wait_ids(reader, [event_id], 30, "the event after resume()")
+    wait_pending_zero(conn)
+    reader.poll(0.5)
+    count_check(id_counts(reader.snapshot()), [event_id], "the event committed after pause()")
+    report("OUTBOX PAUSE RACE: a batch stopped right after its first pause check; pause() and then an"
+           " event committed meanwhile: the batch sent nothing, the relay showed paused, resume() sent"
+           " the event once")
+
+
 # --------------------------------------------------------------------------- (5) restore elsewhere
 
 RESTORE_DB = "outbox_snaprestored"
