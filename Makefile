@@ -41,6 +41,7 @@ OBJS = \
 	src/row_message.o \
 	src/mark.o \
 	src/snapshot.o \
+	src/progress_record.o \
 	src/exactly_once.o \
 	src/progress_log.o \
 	src/txn.o \

@@ -29,9 +29,19 @@
  *	  outbox.events (DROP and CREATE EXTENSION since) is ignored: ids
  *	  start over, and it would mark events Kafka never got.
  *
- * The transactional.id is "outbox-<system identifier>-<database oid>": the
- * same after a restart, and on a promoted standby, so that an old primary
- * that still runs is fenced at its next Kafka call.
+ * The transactional.id is "outbox-<system identifier>-<database oid>" for
+ * relay 1 of the database, and that with "-w<n>" for relay n of
+ * outbox.workers_per_database = k > 1: the same after a restart, after a
+ * change of k, and on a promoted standby, so that an old primary, or a
+ * relay of an earlier k that still runs, is fenced at its next Kafka call.
+ * Each relay writes its records under its own id.  Events of one bucket
+ * move to another relay when k changes, and a relay that is gone (k was
+ * lowered) no longer reads its own record back: so at its start each relay
+ * also reads the last record of every other relay of its database, and
+ * marks what those say Kafka committed (rows records only: the snapshot
+ * batches, and their records, are relay 1's).  The read for others' keys
+ * covers the offsets read for its own (at least the last 1000 of the
+ * progress topic), where the record of a relay that ended with k is.
  *
  * Two transactional producers take turns, the second with that id and
  * "-alt": after a commit, Kafka refuses the same id's next transaction
@@ -56,14 +66,10 @@
 #include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
-#include "lib/stringinfo.h"
-#include "commands/dbcommands.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "utils/builtins.h"
-#include "utils/json.h"
 #include "utils/memutils.h"
-#include "utils/timestamp.h"
 
 /* ms the start may wait for each of init, topic check and read-back */
 #define START_TIMEOUT_MS	30000
@@ -116,28 +122,35 @@ static const char *const adopt_rows_sql[2] = {
 	"   AND e.published_at IS NULL"
 };
 
-/* the key of the progress records and sentinels: the first transactional.id */
+/*
+ * The key of this relay's progress records and sentinels: its first
+ * transactional.id.  Every relay of the database has "<database_key>" or
+ * "<database_key>-w<n>".
+ */
 static char *progress_key = NULL;
+static char *database_key = NULL;
 
 static OutboxTxnOutcome init_alternate(OutboxProducer *producer, char **error);
 static bool record_for_table(const char *record, Oid relid);
-static void reconcile(const char *record);
+static void reconcile(const char *record, bool own);
+static void reconcile_others(OutboxProgressRecords *others);
 static void reconcile_snapshot(const char *record);
 static void reconcile_rows(const char *record);
-static void append_state(StringInfo buf, const char *snapshot, int64 floor,
-						 bool in_batch, const char *batch_snapshot,
-						 int64 batch_floor, int64 last_id);
-static void append_header(StringInfo buf, const char *kind, Oid events_relid);
 
 /*
  * outbox_eos_transactional_id
- *		"outbox-<system identifier>-<database oid>" (palloc'd).
+ *		"outbox-<system identifier>-<database oid>" for relay 1 of the
+ *		database, with "-w<n>" for relay n > 1 (palloc'd).
  */
 char *
 outbox_eos_transactional_id(void)
 {
-	return psprintf("outbox-" UINT64_FORMAT "-%u", GetSystemIdentifier(),
-					MyDatabaseId);
+	char	   *id = psprintf("outbox-" UINT64_FORMAT "-%u", GetSystemIdentifier(),
+							  MyDatabaseId);
+
+	if (outbox_relay_worker == 0)
+		return id;
+	return psprintf("%s-w%d", id, outbox_relay_worker + 1);
 }
 
 /*
@@ -155,10 +168,17 @@ outbox_eos_start(OutboxProducer *producer, char **error)
 	OutboxTxnOutcome outcome;
 	bool		unavailable = false;
 	char	   *record = NULL;
+	OutboxProgressRecords others;
 
 	if (progress_key == NULL)
+	{
 		progress_key = MemoryContextStrdup(TopMemoryContext,
 										   outbox_eos_transactional_id());
+		database_key = MemoryContextStrdup(TopMemoryContext,
+										   psprintf("outbox-" UINT64_FORMAT "-%u",
+													GetSystemIdentifier(),
+													MyDatabaseId));
+	}
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: initializing Kafka transactions");
 	outcome = init_alternate(producer, error);
 	if (outcome == OUTBOX_TXN_OK)
@@ -174,12 +194,16 @@ outbox_eos_start(OutboxProducer *producer, char **error)
 		return unavailable ? OUTBOX_EOS_UNAVAILABLE : OUTBOX_EOS_REFUSED;
 
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: reading its progress back from Kafka");
+	memset(&others, 0, sizeof(others));
+	others.database_key = database_key;
 	if (!outbox_progress_read_back(producer, producer->progress_topic,
-								   progress_key, START_TIMEOUT_MS, &record, error))
+								   progress_key, START_TIMEOUT_MS, &record,
+								   &others, error))
 		return OUTBOX_EOS_UNAVAILABLE;
 	pgstat_report_activity(STATE_IDLE, NULL);
 	if (record != NULL)
-		reconcile(record);
+		reconcile(record, true);
+	reconcile_others(&others);
 	return OUTBOX_EOS_READY;
 }
 
@@ -236,30 +260,52 @@ record_for_table(const char *record, Oid relid)
 }
 
 /*
- * Bring the database in line with the last committed progress record.
+ * Bring the database in line with the last committed progress record: this
+ * relay's own (own), or another relay's of the database, of which only a
+ * rows record counts (see the head comment).
  */
 static void
-reconcile(const char *record)
+reconcile(const char *record, bool own)
 {
 	MemoryContext callercxt = outbox_relay_xact_begin("outbox relay: reconciling its progress with Kafka");
 	Oid			relid = outbox_lock_events_table();
 
-	if (OidIsValid(relid))
+	if (!OidIsValid(relid))
+		;						/* no extension: nothing to bring in line */
+	else if (!record_for_table(record, relid))
 	{
-		if (!record_for_table(record, relid))
+		if (own)
 			ereport(LOG,
 					(errmsg("outbox relay: the last progress record in Kafka was written for an earlier outbox.events; ignored"),
 					 errdetail("The extension was dropped and created again since: event ids and row positions start over, so the record says nothing about today's events.")));
-		else if (strncmp(record, "{\"kind\": \"snapshot\"", 19) == 0)
-			reconcile_snapshot(record);
-		else if (strncmp(record, "{\"kind\": \"rows\"", 15) == 0)
-			reconcile_rows(record);
-		else
-			ereport(WARNING,
-					(errmsg("outbox relay: the last record under its transactional.id in the progress topic is not a progress record; ignored"),
-					 errdetail("Record: %.200s", record)));
 	}
+	else if (strncmp(record, "{\"kind\": \"snapshot\"", 19) == 0)
+	{
+		/* relay 1 alone runs the snapshot batches and reads their records */
+		if (own)
+			reconcile_snapshot(record);
+	}
+	else if (strncmp(record, "{\"kind\": \"rows\"", 15) == 0)
+		reconcile_rows(record);
+	else if (own)
+		ereport(WARNING,
+				(errmsg("outbox relay: the last record under its transactional.id in the progress topic is not a progress record; ignored"),
+				 errdetail("Record: %.200s", record)));
 	outbox_relay_xact_end(callercxt, false);
+}
+
+/*
+ * The last records of the database's other relays (others->records[n] of
+ * relay n + 1), each in a transaction of its own.
+ */
+static void
+reconcile_others(OutboxProgressRecords *others)
+{
+	for (int n = 0; n < OUTBOX_MAX_WORKERS_PER_DATABASE; n++)
+	{
+		if (others->records[n] != NULL && n != outbox_relay_worker)
+			reconcile(others->records[n], false);
+	}
 }
 
 static void
@@ -328,99 +374,6 @@ outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result)
 	result->fatal = producer->fatal = true;
 	result->first_error = MemoryContextStrdup(result->cxt, error);
 	return false;
-}
-
-/*
- * outbox_eos_snapshot_record
- *		The progress record of the snapshot batch (snapshot.c) of batch:
- *		relay_progress as sb found it ("before") and as
- *		outbox_snapshot_save() will leave it ("after"), and the events held
- *		back, which go to row tracking with it ("demote").  JSON text,
- *		palloc'd.
- */
-char *
-outbox_eos_snapshot_record(const OutboxSnapshotBatch *sb, const Batch *batch)
-{
-	StringInfoData buf;
-	bool		first = true;
-
-	initStringInfo(&buf);
-	append_header(&buf, "snapshot", batch->events_relid);
-	appendStringInfo(&buf, ", \"events\": %d, \"demote\": [", batch->n);
-	for (int i = 0; i < batch->n; i++)
-	{
-		if (!batch->entries[i].held_back)
-			continue;
-		appendStringInfo(&buf, "%s" INT64_FORMAT, first ? "" : ", ",
-						 batch->entries[i].id);
-		first = false;
-	}
-	appendStringInfoString(&buf, "], \"before\": ");
-	append_state(&buf, sb->prev, sb->prev_floor, sb->continued, sb->cur,
-				 sb->cur_floor, sb->first_from);
-	appendStringInfoString(&buf, ", \"after\": ");
-	if (sb->exhausted)
-		append_state(&buf, sb->cur, sb->cur_floor, false, NULL, 0, 0);
-	else
-		append_state(&buf, sb->prev, sb->prev_floor, true, sb->cur,
-					 sb->cur_floor, sb->from);
-	appendStringInfoChar(&buf, '}');
-	return buf.data;
-}
-
-/*
- * outbox_eos_rows_record
- *		The progress record of a batch of row-tracked events: their ids and
- *		the ctids of the row versions claimed.
- */
-char *
-outbox_eos_rows_record(const Batch *batch)
-{
-	const BatchEntry *entries = batch->entries;
-	StringInfoData buf;
-	bool		first = true;
-
-	initStringInfo(&buf);
-	append_header(&buf, "rows", batch->events_relid);
-	appendStringInfo(&buf, ", \"events\": %d, \"rows\": [", batch->n);
-	for (int i = 0; i < batch->n; i++)
-	{
-		if (!entries[i].produced)
-			continue;			/* held back: not in the transaction */
-		appendStringInfo(&buf, "%s[" INT64_FORMAT ", \"(%u,%u)\"]", first ? "" : ", ",
-						 entries[i].id,
-						 ItemPointerGetBlockNumberNoCheck(&entries[i].ctid),
-						 ItemPointerGetOffsetNumberNoCheck(&entries[i].ctid));
-		first = false;
-	}
-	appendStringInfoString(&buf, "]}");
-	return buf.data;
-}
-
-static void
-append_header(StringInfo buf, const char *kind, Oid events_relid)
-{
-	char	   *datname = get_database_name(MyDatabaseId);
-
-	appendStringInfo(buf, "{\"kind\": \"%s\", \"database\": ", kind);
-	escape_json(buf, datname ? datname : "");
-	appendStringInfo(buf, ", \"written_at\": \"%s\"",
-					 timestamptz_to_str(GetCurrentTimestamp()));
-	/* which outbox.events the record speaks of (see record_for_table) */
-	appendStringInfo(buf, ", \"events_table\": %u", events_relid);
-}
-
-/* [snapshot, id_floor, batch_snapshot, batch_id_floor, batch_last_id] */
-static void
-append_state(StringInfo buf, const char *snapshot, int64 floor, bool in_batch,
-			 const char *batch_snapshot, int64 batch_floor, int64 last_id)
-{
-	appendStringInfo(buf, "[\"%s\", " INT64_FORMAT ", ", snapshot, floor);
-	if (in_batch)
-		appendStringInfo(buf, "\"%s\", " INT64_FORMAT ", " INT64_FORMAT "]",
-						 batch_snapshot, batch_floor, last_id);
-	else
-		appendStringInfoString(buf, "null, null, null]");
 }
 
 /*
@@ -553,19 +506,40 @@ outbox_eos_keep_refusals(OutboxProducer *producer, BatchEntry *entries, int n,
  *		at that moment would (the postmaster then restarts every backend).
  *		The crash tests use it for the two worst moments: "mid_transaction"
  *		(events sent, the Kafka transaction open) and "after_kafka_commit"
- *		(Kafka committed, the database not).  Only the data directory's owner
- *		can create the file.
+ *		(Kafka committed, the database not).  The file may hold "relay <n>":
+ *		only relay n of the database acts; and "stop": it shuts the server
+ *		down at once instead (SIGQUIT to the postmaster, as pg_ctl stop -m
+ *		immediate), so that it comes back only when started, with the
+ *		settings written meanwhile.  Only the data directory's owner can
+ *		create the file.
  */
 void
 outbox_eos_crash_point(const char *name)
 {
 	char		path[MAXPGPATH];
+	char		order[64] = "";
+	FILE	   *file;
+	int			relay;
 
 	snprintf(path, sizeof(path), "%s/outbox_crash_%s", DataDir, name);
-	if (unlink(path) != 0)
+	file = fopen(path, "r");
+	if (file == NULL)
 		return;
+	if (fgets(order, sizeof(order), file) == NULL)
+		order[0] = '\0';
+	fclose(file);
+	if (sscanf(order, "relay %d", &relay) == 1 && relay != outbox_relay_worker + 1)
+		return;
+	if (unlink(path) != 0)
+		return;					/* another relay came first */
 	ereport(LOG,
 			(errmsg("outbox relay: crashing at \"%s\" as asked by the file \"%s\"",
 					name, path)));
+	if (strstr(order, "stop") != NULL)
+	{
+		(void) kill(PostmasterPid, SIGQUIT);
+		for (;;)
+			pg_usleep(100000L); /* the postmaster's SIGQUIT ends this process */
+	}
 	(void) kill(getpid(), SIGKILL);
 }

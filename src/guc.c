@@ -142,7 +142,7 @@ outbox_define_gucs(void)
 
 	DefineCustomIntVariable("outbox.workers_per_database",
 							"Relay workers that share each database's events by key bucket.",
-							"Each has its own Kafka producer; above 1, new events are tracked row by row. Not used with outbox.delivery = exactly_once.",
+							"Each has its own Kafka producer (and transactional id with outbox.delivery = exactly_once); above 1, new events are tracked row by row.",
 							&outbox_workers_per_database,
 							1, 1, OUTBOX_MAX_WORKERS_PER_DATABASE,
 							PGC_SIGHUP,

@@ -167,7 +167,6 @@ launcher_pass(void)
 	int			nunserved = 0;
 
 	take_events();
-	outbox_warn_unused_workers();
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
 		launcher_reap_relays(db, now);

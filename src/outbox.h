@@ -109,7 +109,6 @@ extern char *outbox_tracestate;			/* W3C tracestate; '' = none */
 #define OUTBOX_MAX_WORKERS_PER_DATABASE	32
 
 extern int	outbox_workers_in_use(void);
-extern void outbox_warn_unused_workers(void);
 extern bool outbox_rows_for_new_events(void);
 extern int	outbox_relay_worker;		/* this relay's index j, 0-based */
 extern int	outbox_relay_nworkers;		/* k of its database; 1 outside relays */
@@ -297,7 +296,6 @@ extern OutboxRelaySlot *outbox_my_slot;	/* the relay's own slot */
 extern void outbox_shared_register_worker(int slot, int worker, int nworkers);
 extern void outbox_shared_note_extension(void);
 extern bool outbox_shared_retiring(void);
-extern void outbox_shared_mark_retiring(void);
 extern void outbox_shared_wait_for_others(void);
 extern void outbox_wake_worker(bool control);
 extern uint32 outbox_control_seq(void);

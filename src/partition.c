@@ -23,8 +23,8 @@
  * after a switch to relay_mode = row.  Worker 0 also runs the retention and
  * the VACUUMs, which serve the whole table.
  *
- * outbox.delivery = exactly_once runs one relay per database: its progress
- * record and transactional id are the database's (exactly_once.c).
+ * With outbox.delivery = exactly_once each relay has its own transactional
+ * id and progress records (exactly_once.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -36,39 +36,14 @@ int			outbox_relay_nworkers = 1;
 
 /*
  * outbox_workers_in_use
- *		How many relays each database should have: outbox.workers_per_database,
- *		or 1 with outbox.delivery = exactly_once.  Read by the launcher (how
- *		many to start) and by emit() (how to track a new event).
+ *		How many relays each database should have: outbox.workers_per_database.
+ *		Read by the launcher (how many to start) and by emit() (how to track
+ *		a new event).
  */
 int
 outbox_workers_in_use(void)
 {
-	if (outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE)
-		return 1;
 	return outbox_workers_per_database;
-}
-
-/*
- * outbox_warn_unused_workers
- *		Say once (a WARNING, again after the setting changed back) that
- *		outbox.workers_per_database is not used with exactly_once.  Called
- *		by the launcher at every pass.
- */
-void
-outbox_warn_unused_workers(void)
-{
-	static bool warned = false;
-	bool		unused = outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE &&
-		outbox_workers_per_database > 1;
-
-	if (unused && !warned)
-		ereport(WARNING,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("outbox.workers_per_database = %d is not used with outbox.delivery = exactly_once: each database has one relay",
-						outbox_workers_per_database),
-				 errdetail("An exactly-once relay writes its database's progress record under one transactional id; several relays would fence each other."),
-				 errhint("Set outbox.workers_per_database = 1, or outbox.delivery = at_least_once for parallel relays.")));
-	warned = unused;
 }
 
 /*

@@ -17,7 +17,9 @@
  *
  * The read starts a little before the sentinel and goes back further (ten
  * times as far each time) only while the relay's key was not found: the
- * topic is shared by every relay of the Kafka cluster.
+ * topic is shared by every relay of the Kafka cluster.  On its way it keeps
+ * the last record of each other relay of the database (exactly_once.c says
+ * why).
  *
  *-------------------------------------------------------------------------
  */
@@ -39,7 +41,10 @@ static bool write_sentinel(OutboxProducer *producer, const char *topic,
 static rd_kafka_t *new_consumer(char **error);
 static bool read_range(rd_kafka_t *consumer, const char *topic, const char *key,
 					   int64 start, int64 end, int timeout_ms,
-					   char **record, char **error);
+					   char **record, OutboxProgressRecords *others,
+					   char **error);
+static int	relay_of_key(const OutboxProgressRecords *others, const char *key,
+						 size_t key_len);
 static void ignore_log(const rd_kafka_t *rk, int level, const char *fac,
 					   const char *buf);
 
@@ -47,7 +52,9 @@ static void ignore_log(const rd_kafka_t *rk, int level, const char *fac,
  * outbox_progress_read_back
  *		Commit a sentinel to topic and return the last progress record
  *		committed under key before it: its value (palloc'd, NUL-terminated),
- *		or NULL when there is none (the relay never committed one).
+ *		or NULL when there is none (the relay never committed one); and in
+ *		others the last record of each relay of the database found in the
+ *		offsets read (OutboxProgressRecords).
  *		Returns false with *error (palloc'd) when Kafka did not answer
  *		within timeout_ms (ms) or the producer failed; raises no ERROR but
  *		stops waiting on SIGTERM (CHECK_FOR_INTERRUPTS).
@@ -55,7 +62,7 @@ static void ignore_log(const rd_kafka_t *rk, int level, const char *fac,
 bool
 outbox_progress_read_back(OutboxProducer *producer, const char *topic,
 						  const char *key, int timeout_ms, char **record,
-						  char **error)
+						  OutboxProgressRecords *others, char **error)
 {
 	char		nonce_bytes[16];
 	char		nonce[33];
@@ -93,7 +100,7 @@ outbox_progress_read_back(OutboxProducer *producer, const char *topic,
 	{
 		start = Max(low, sentinel - window);
 		ok = read_range(consumer, topic, key, start, sentinel, timeout_ms,
-						record, error);
+						record, others, error);
 		if (!ok || *record != NULL || start <= low)
 			break;
 		window *= 10;
@@ -192,11 +199,13 @@ new_consumer(char **error)
 
 /*
  * Read offsets start .. end (the sentinel) of partition 0 and keep the
- * value of the last record under key in *record.
+ * value of the last record under key in *record, and those of the
+ * database's relays in others.
  */
 static bool
 read_range(rd_kafka_t *consumer, const char *topic, const char *key,
-		   int64 start, int64 end, int timeout_ms, char **record, char **error)
+		   int64 start, int64 end, int timeout_ms, char **record,
+		   OutboxProgressRecords *others, char **error)
 {
 	rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
@@ -226,6 +235,17 @@ read_range(rd_kafka_t *consumer, const char *topic, const char *key,
 		}
 		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
+			int			relay = -1;
+
+			if (m->offset < end && m->key != NULL)
+				relay = relay_of_key(others, m->key, m->key_len);
+			if (relay >= 0)
+			{
+				if (others->records[relay] != NULL)
+					pfree(others->records[relay]);
+				others->records[relay] = pnstrdup(m->payload ? (const char *) m->payload : "",
+												  m->len);
+			}
 			if (m->offset < end && m->key_len == key_len &&
 				memcmp(m->key, key, key_len) == 0)
 			{
@@ -247,6 +267,33 @@ read_range(rd_kafka_t *consumer, const char *topic, const char *key,
 	}
 	rd_kafka_assign(consumer, NULL);
 	return done;
+}
+
+/*
+ * Which relay of the database writes under key (0 for database_key, n - 1
+ * for database_key "-w<n>"), or -1 for a key of no relay of it.
+ */
+static int
+relay_of_key(const OutboxProgressRecords *others, const char *key,
+			 size_t key_len)
+{
+	size_t		base_len = strlen(others->database_key);
+	char		suffix[8];
+	int			n;
+	char		end;
+
+	if (key_len < base_len || memcmp(key, others->database_key, base_len) != 0)
+		return -1;
+	if (key_len == base_len)
+		return 0;
+	if (key_len - base_len >= sizeof(suffix))
+		return -1;
+	memcpy(suffix, key + base_len, key_len - base_len);
+	suffix[key_len - base_len] = '\0';
+	if (sscanf(suffix, "-w%d%c", &n, &end) != 1 ||
+		n < 2 || n > OUTBOX_MAX_WORKERS_PER_DATABASE)
+		return -1;
+	return n - 1;
 }
 
 /* librdkafka's notes about producer properties on a consumer: not ours */

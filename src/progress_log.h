@@ -10,9 +10,21 @@
 
 #include "producer.h"
 
+/*
+ * The last progress records of every relay of the database, as the read
+ * back found them: records[n] is relay n + 1's, whose key is database_key
+ * (n = 0) or database_key "-w<n + 1>"; NULL if none was read.
+ */
+typedef struct OutboxProgressRecords
+{
+	const char *database_key;
+	char	   *records[OUTBOX_MAX_WORKERS_PER_DATABASE];
+} OutboxProgressRecords;
+
 extern bool outbox_progress_read_back(OutboxProducer *producer,
 									  const char *topic, const char *key,
 									  int timeout_ms, char **record,
+									  OutboxProgressRecords *others,
 									  char **error);
 
 #endif							/* OUTBOX_PROGRESS_LOG_H */

@@ -165,22 +165,6 @@ outbox_shared_retiring(void)
 }
 
 /*
- * outbox_shared_mark_retiring
- *		The calling relay retires on its own (exactly_once wants one relay
- *		where it is one of several): mark it as the launcher would, so that
- *		its exit is no failure to restart after a delay.
- */
-void
-outbox_shared_mark_retiring(void)
-{
-	if (outbox_my_slot == NULL)
-		return;
-	SpinLockAcquire(&outbox_my_slot->mutex);
-	outbox_my_slot->retire = true;
-	SpinLockRelease(&outbox_my_slot->mutex);
-}
-
-/*
  * Is another relay of this database running whose buckets may overlap ours:
  * one of another generation (another k) or with our own index?
  */

@@ -211,9 +211,7 @@ relay_loop(void)
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 			reload_config();
-		/* exactly_once: one relay per database, never k of them at once */
-		if (outbox_shared_retiring() ||
-			(outbox_relay_nworkers > 1 && outbox_workers_in_use() == 1))
+		if (outbox_shared_retiring())
 			retire();
 
 		MemoryContextReset(worker_context);
@@ -253,21 +251,19 @@ relay_loop(void)
 
 /*
  * The launcher asked us to exit (outbox.workers_per_database changed, or
- * the slots for it did), or exactly_once wants one relay where we are one
- * of several (the launcher then starts one): we are between batches, with
+ * the slots for it did): we are between batches, with
  * nothing claimed and nothing in flight, so the next generation of relays
  * starts where we stopped.  Exit code 0: the launcher does not restart us.
  */
 static void
 retire(void)
 {
-	outbox_shared_mark_retiring();
 	outbox_wake_launcher();
 	ereport(LOG,
 			(errmsg("outbox relay %d of %d for database \"%s\" exits between two batches: the launcher restarts the database's relays in another number",
 					outbox_relay_worker + 1, outbox_relay_nworkers,
 					outbox_relay_database),
-			 errdetail("outbox.workers_per_database, outbox.delivery or the free worker slots changed.")));
+			 errdetail("outbox.workers_per_database or the free worker slots changed.")));
 	proc_exit(0);
 }
 

@@ -12,6 +12,9 @@ transaction carrying a progress record in the progress topic, read back after an
    transactional.ids.
    A read_committed consumer sees every committed event exactly once, in per-aggregate order;
    a read_uncommitted consumer does see the aborted copies (so the first check could fail).
+3. With outbox.workers_per_database = 3 each relay has its own transactional.id; a crash between
+   the two commits, then one of relay 3 with k lowered before it comes back (relays 1 and 2 read
+   its record), then k = 1: every committed event once.
 """
 import json
 import random
@@ -398,48 +401,96 @@ def test_exactly_once_ignores_the_record_of_a_dropped_extension(env, conn, exact
            "(LOG), 4 events written while paused across a restart arrived once each")
 
 
-def test_exactly_once_keeps_one_relay_per_database(env, conn, exactly_once):
-    """outbox.workers_per_database = 2 is not used with exactly_once (one progress record and
-    transactional id per database): one WARNING, one relay, delivery goes on; at_least_once then
-    starts the two relays."""
+def relays_ready(env, k: int):
+    """The k relays of the database, each idle or publishing: {worker: pid}, else None."""
+    c = pg_connect(env)
+    try:
+        rows = query(c, "SELECT worker, workers, pid, state FROM outbox.status")
+    finally:
+        c.close()
+    if len(rows) == k and all(r[1] == k and r[3] in ("idle", "publishing") for r in rows):
+        return {r[0]: r[2] for r in rows}
+    return None
+
+
+def test_exactly_once_with_k_relays(env, conn, exactly_once):
+    """exactly_once with outbox.workers_per_database = k: each relay has its own transactional.id
+    ("-w<n>" after the database's for relay n > 1), so none fences another.  Under 8 sessions of
+    load: a crash between the Kafka and the Postgres commit of any relay (the server restarts),
+    the same crash of relay 3 followed by an immediate shutdown, k = 2 written meanwhile (relay 3
+    never comes back to read its record: relays 1 and 2 read it and mark its events published, or
+    they would send them again), then k = 1 on reload.  A read_committed consumer sees every
+    committed event once, in per-aggregate order."""
     tid = transactional_id(conn)
-    pid = relay_status(conn)[0]["pid"]
+    agg_type = new_aggregate_type("eosk")
+    topic = topic_prefix(conn) + agg_type
+    create_topics(env, [topic])
+    reader = LightReader(env, [topic])
+    load = EmitLoad(env, agg_type, sessions=8, aggregates=64, tag="ek", seed=28, think_s=0.002)
+    unknown_exists, unknown_missing = {}, set()
     try:
-        query(conn, "ALTER SYSTEM SET outbox.workers_per_database = 2")
-        query(conn, "SELECT pg_reload_conf()")
-        wait_until(lambda: any("is not used with outbox.delivery = exactly_once" in line
-                               for line in exactly_once.new_lines()), 20, "the WARNING")
-        time.sleep(1.5)
-        rows = query(conn, "SELECT pid, worker, workers FROM outbox.status")
-        assert rows == [(pid, 1, 1)], rows
-        probe(env, conn, "it.eos.k2", "exactly_once with workers_per_database = 2")
-        assert relay_status(conn)[0]["pid"] == pid
-        assert transactional_id(conn) == tid
-    finally:
-        query(conn, "ALTER SYSTEM RESET outbox.workers_per_database")
-        query(conn, "SELECT pg_reload_conf()")
-
-
-def test_exactly_once_switched_on_while_k_relays_run(env, conn):
-    """outbox.delivery = exactly_once reloaded while 3 relays share the database: they exit
-    before any builds a transactional producer (a helper's try: each rebuilt its producer with the
-    database's one transactional.id, and they fenced each other), and one relay starts."""
-    watcher = LogWatcher(env)
-    try:
+        watcher = LogWatcher(env)
         set_conf(conn, workers_per_database=3)
-        wait_until(lambda: [r[0] for r in query(conn, "SELECT workers FROM outbox.status")] == [3, 3, 3],
-                   30, "3 relays")
-        set_conf(conn, delivery="exactly_once")
-        wait_until(lambda: any(READY_LINE in line for line in watcher.new_lines()), 90,
-                   "the relay to start exactly-once delivery")
-        time.sleep(2)
-        rows = query(conn, "SELECT worker, workers FROM outbox.status")
-        assert rows == [(1, 1)], rows
-        lines = watcher.new_lines()
-        ready = [line for line in lines if READY_LINE in line]
-        fenced = [line for line in lines if "FENCED" in line or "fenced" in line]
-        assert len(ready) == 1 and not fenced, "\n".join(ready + fenced)
-        probe(env, conn, "it.eos.k3", "exactly_once after 3 relays")
+        wait_until(lambda: relays_ready(env, 3), 90, "3 exactly-once relays")
+        wait_until(lambda: sum(READY_LINE in ln for ln in watcher.new_lines()) >= 3, 90,
+                   "3 exactly-once ready lines")
+        ready = [ln for ln in watcher.new_lines() if READY_LINE in ln]
+        for n, own in ((1, tid), (2, f"{tid}-w2"), (3, f"{tid}-w3")):
+            assert any(f'transactional.id "{own}" and "{own}-alt"' in ln for ln in ready), (n, ready)
+        reader.wait_assigned()
+        load.start()
+        load.wait_progress(30, 60, "every session to commit (first)")
+
+        for step, (order, k_after) in enumerate((("", 3), ("relay 3 stop", 2))):
+            load.wait_progress(20, 60, f"every session to commit, before crash {step + 1},")
+            watcher = LogWatcher(env)
+            pids = wait_until(lambda: relays_ready(env, 3), 60, "3 relays before the crash")
+            load.close_gate()
+            if k_after != 3:
+                query(conn, f"ALTER SYSTEM SET outbox.workers_per_database = {k_after}")
+            with open(f"{env.pg_dir}/data/outbox_crash_after_kafka_commit", "w") as f:
+                f.write(order)
+            wait_until(load.all_parked, 60, f"every session to lose its connection (crash {step + 1})",
+                       interval=0.02)
+            if order:
+                wait_until(lambda: all(not pid_alive(p) for p in pids.values()), 60,
+                           "the relays to end with the server")
+                start_pg_after_crash(env)
+            conn = wait_until(lambda: pg_connect(env), 60, "a connection after the crash")
+            wait_until(lambda: relays_ready(env, k_after), 90, f"{k_after} relays after crash {step + 1}")
+            log = "\n".join(watcher.new_lines())
+            assert 'crashing at "after_kafka_commit"' in log, log[-3000:]
+            assert "committed to Kafka but not marked published; marked them now" in log \
+                or (not order and "committed to Kafka but not recorded in the database" in log), log[-3000:]
+            exist, missing = sort_unknown(env, load)
+            unknown_exists.update(exist)
+            unknown_missing |= missing
+            load.epoch += 1
+            load.open_gate()
+        load.wait_progress(20, 60, "every session to commit with 2 relays")
+        set_conf(conn, workers_per_database=1)
+        wait_until(lambda: relays_ready(env, 1), 60, "1 relay after the reload")
+        load.wait_progress(20, 60, "every session to commit with 1 relay")
     finally:
-        set_conf(conn, delivery=None, progress_topic=None, workers_per_database=None)
-        probe(env, conn, "it.eos.back.k", "back to at_least_once and one relay")
+        load.open_gate()
+        load.stop()
+        c = pg_connect(env)
+        try:
+            set_conf(c, workers_per_database=None)
+        finally:
+            c.close()
+    committed, _ = load.snapshot()
+    assert not load.unexpected_errors, load.unexpected_errors[:10]
+    present = dict(committed)
+    present.update(unknown_exists)
+    reader.wait_for(present, 120, extra=3)
+    rows = reader.snapshot()
+    reader.close()
+    c = delivery_check(rows, present, unknown_missing)
+    report(f"OUTBOX EXACTLY-ONCE k RELAYS: 3 relays, transactional.ids {tid}, -w2, -w3; a crash after a"
+           f" Kafka commit (server restarted, k = 3), then relay 3 crashed there with an immediate"
+           f" shutdown and k = 2 on start (its record read by relays 1 and 2), then k = 1 on reload:"
+           f" {len(present)} events committed; read_committed: {c.distinct} distinct, {len(c.lost)} lost,"
+           f" {c.reorderings} reordered, {c.duplicates} duplicates")
+    assert_delivered(c, "exactly_once with k relays")
+    assert c.duplicates == 0, f"{c.duplicates} duplicates seen by a read_committed consumer"
