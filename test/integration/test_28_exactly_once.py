@@ -143,6 +143,15 @@ def test_exactly_once_starts_delivers_and_refuses_bad_progress_topics(env, conn,
            f"cleanup.policy = delete (config_error, one log line each)")
 
 
+def events_to_arrive(load, unknown_exists):
+    """Every event whose commit returned, and those whose commit failed in a crash but exist."""
+    committed, _ = load.snapshot()
+    assert not load.unexpected_errors, load.unexpected_errors[:10]
+    present = dict(committed)
+    present.update(unknown_exists)
+    return present
+
+
 def crash_point(env, name: str):
     """Ask the relay to kill itself with SIGKILL at the next moment called name."""
     open(f"{env.pg_dir}/data/outbox_crash_{name}", "w").close()
@@ -237,10 +246,7 @@ def test_exactly_once_survives_the_worst_moments_and_a_zombie(env, conn, exactly
     finally:
         load.open_gate()
         load.stop()
-    committed, _ = load.snapshot()
-    assert not load.unexpected_errors, load.unexpected_errors[:10]
-    present = dict(committed)
-    present.update(unknown_exists)
+    present = events_to_arrive(load, unknown_exists)
     committed_reader.wait_for(present, 120, extra=3)
     uncommitted_reader.wait_for(present, 30, extra=1)
     rows = committed_reader.snapshot()
@@ -479,10 +485,7 @@ def test_exactly_once_with_k_relays(env, conn, exactly_once):
             set_conf(c, workers_per_database=None)
         finally:
             c.close()
-    committed, _ = load.snapshot()
-    assert not load.unexpected_errors, load.unexpected_errors[:10]
-    present = dict(committed)
-    present.update(unknown_exists)
+    present = events_to_arrive(load, unknown_exists)
     reader.wait_for(present, 120, extra=3)
     rows = reader.snapshot()
     reader.close()
