@@ -63,7 +63,8 @@ fi
 # exactly-once delivery (test_28; on 16 through the row relay), key-partitioned relays (test_29),
 # a 3-broker Kafka cluster (test_27, on the majors in OUTBOX_KAFKA3_MAJORS only: its three JVMs
 # cost about a minute and a half).
-# SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only.
+# SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only, as do the
+# tests marked full_only (slow checks of nothing that differs between majors; pytest.ini).
 CORE_TESTS=(
     test_01_basic.py test_03_restart.py test_06_config.py test_10_crash.py
     test_16_standby.py test_17_dump_upgrade.py test_21_security.py
@@ -173,7 +174,7 @@ integration() {
     if in_list "$major" "${FULL_MAJORS[@]}"; then
         tests=(test/integration)
     else
-        tests=("${CORE_TESTS[@]/#/test/integration/}")
+        tests=("${CORE_TESTS[@]/#/test/integration/}" -m "not full_only")
     fi
     in_list "$major" ${OUTBOX_KAFKA3_MAJORS-17} && kafka3=1
     # where test_27 runs, it kills Postgres 10 times under load (exactly_once): test_10's at-least-once

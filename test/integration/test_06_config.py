@@ -219,6 +219,7 @@ def test_bootstrap_servers_change_applies_without_restart(env, conn, prefix, rea
     assert log.count("Kafka settings changed, reconnecting") >= 2, log[-3000:]
 
 
+@pytest.mark.full_only
 def test_last_error_follows_a_new_bootstrap_servers(env, conn):
     """While Kafka is unreachable and nothing is pending, a new outbox.bootstrap_servers that is
     unreachable too must show its own error in outbox.status: a user's try saw last_error name the

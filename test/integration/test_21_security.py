@@ -459,6 +459,7 @@ def _relay_backend(conn):
     return query(conn, "SELECT pid, usename FROM pg_stat_activity WHERE backend_type = 'outbox relay'")
 
 
+@pytest.mark.full_only
 def test_relay_role(env, prefix, reader_factory):
     agg = new_aggregate_type("role")
     topic = prefix + agg

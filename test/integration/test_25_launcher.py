@@ -24,6 +24,8 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from conftest import (LogWatcher, create_topics, emit, new_aggregate_type, pg_connect, pg_sh,
                       query, query_one, report, topic_prefix, wait_until)
 from helpers_crash import EmitLoad, LightReader, assert_delivered, delivery_check, kill9
@@ -493,6 +495,7 @@ def test_max_workers_leaves_databases_unserved(env):
         c.close()
 
 
+@pytest.mark.full_only
 def test_relay_refused_by_its_database_is_restarted_with_backoff(env):
     """A relay whose connection is refused (FATAL: no CONNECT privilege) is started again after
     1, 2, 4, ... s, not in a loop; GRANT CONNECT back and it runs."""
