@@ -293,7 +293,7 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 static void
 start_generation(LauncherDb *db, int want, bool all, TimestampTz now)
 {
-	int			k = outbox_workers_in_use();
+	int			k = outbox_workers_per_database;
 	int			j;
 
 	launcher_free_idle_slots(db, want);

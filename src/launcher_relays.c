@@ -59,7 +59,7 @@ launcher_wants_relays(LauncherDb *db, bool all, TimestampTz now)
 int
 launcher_relays_wanted(LauncherDb *db, bool all, TimestampTz now)
 {
-	int			k = outbox_workers_in_use();
+	int			k = outbox_workers_per_database;
 
 	if (launcher_relay_found_extension(db))
 		db->confirmed = true;

@@ -108,7 +108,6 @@ extern char *outbox_tracestate;			/* W3C tracestate; '' = none */
 #define OUTBOX_BUCKETS					256
 #define OUTBOX_MAX_WORKERS_PER_DATABASE	32
 
-extern int	outbox_workers_in_use(void);
 extern bool outbox_rows_for_new_events(void);
 extern int	outbox_relay_worker;		/* this relay's index j, 0-based */
 extern int	outbox_relay_nworkers;		/* k of its database; 1 outside relays */

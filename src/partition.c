@@ -35,18 +35,6 @@ int			outbox_relay_worker = 0;
 int			outbox_relay_nworkers = 1;
 
 /*
- * outbox_workers_in_use
- *		How many relays each database should have: outbox.workers_per_database.
- *		Read by the launcher (how many to start) and by emit() (how to track
- *		a new event).
- */
-int
-outbox_workers_in_use(void)
-{
-	return outbox_workers_per_database;
-}
-
-/*
  * outbox_rows_for_new_events
  *		Should a new event be tracked row by row (xid NULL)?  Yes with
  *		outbox.relay_mode = row, and while several relays share a database:
@@ -56,7 +44,7 @@ outbox_workers_in_use(void)
 bool
 outbox_rows_for_new_events(void)
 {
-	return outbox_relay_mode == OUTBOX_RELAY_ROW || outbox_workers_in_use() > 1;
+	return outbox_relay_mode == OUTBOX_RELAY_ROW || outbox_workers_per_database > 1;
 }
 
 /*
