@@ -506,12 +506,12 @@ outbox_eos_keep_refusals(OutboxProducer *producer, BatchEntry *entries, int n,
  *		at that moment would (the postmaster then restarts every backend).
  *		The crash tests use it for the two worst moments: "mid_transaction"
  *		(events sent, the Kafka transaction open) and "after_kafka_commit"
- *		(Kafka committed, the database not).  The file may hold "relay <n>":
- *		only relay n of the database acts; and "stop": it shuts the server
- *		down at once instead (SIGQUIT to the postmaster, as pg_ctl stop -m
- *		immediate), so that it comes back only when started, with the
- *		settings written meanwhile.  Only the data directory's owner can
- *		create the file.
+ *		(Kafka committed, the database not).  The file may hold "relay <n>"
+ *		first: only relay n of the database acts; and "stop" anywhere: the
+ *		relay shuts the server down at once instead (SIGQUIT to the
+ *		postmaster, as pg_ctl stop -m immediate), so that it comes back only
+ *		when started, with the settings written meanwhile.  Only the data
+ *		directory's owner can create the file.
  */
 void
 outbox_eos_crash_point(const char *name)
@@ -525,8 +525,7 @@ outbox_eos_crash_point(const char *name)
 	file = fopen(path, "r");
 	if (file == NULL)
 		return;
-	if (fgets(order, sizeof(order), file) == NULL)
-		order[0] = '\0';
+	order[fread(order, 1, sizeof(order) - 1, file)] = '\0';
 	fclose(file);
 	if (sscanf(order, "relay %d", &relay) == 1 && relay != outbox_relay_worker + 1)
 		return;

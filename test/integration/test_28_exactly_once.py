@@ -447,7 +447,7 @@ def test_exactly_once_with_k_relays(env, conn, exactly_once):
         load.start()
         load.wait_progress(30, 60, "every session to commit (first)")
 
-        for step, (order, k_after) in enumerate((("", 3), ("relay 3 stop", 2))):
+        for step, (order, k_after) in enumerate((("", 3), ("relay 3\nstop", 2))):
             load.wait_progress(20, 60, f"every session to commit, before crash {step + 1},")
             watcher = LogWatcher(env)
             pids = wait_until(lambda: relays_ready(env, 3), 60, "3 relays before the crash")
