@@ -133,7 +133,7 @@ static char *database_key = NULL;
 static OutboxTxnOutcome init_alternate(OutboxProducer *producer, char **error);
 static bool record_for_table(const char *record, Oid relid);
 static void reconcile(const char *record, bool own);
-static void reconcile_others(OutboxProgressRecords *others);
+static void reconcile_all(OutboxProgressRecords *records);
 static void reconcile_snapshot(const char *record);
 static void reconcile_rows(const char *record);
 
@@ -167,8 +167,7 @@ outbox_eos_start(OutboxProducer *producer, char **error)
 {
 	OutboxTxnOutcome outcome;
 	bool		unavailable = false;
-	char	   *record = NULL;
-	OutboxProgressRecords others;
+	OutboxProgressRecords records;
 
 	if (progress_key == NULL)
 	{
@@ -194,16 +193,15 @@ outbox_eos_start(OutboxProducer *producer, char **error)
 		return unavailable ? OUTBOX_EOS_UNAVAILABLE : OUTBOX_EOS_REFUSED;
 
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: reading its progress back from Kafka");
-	memset(&others, 0, sizeof(others));
-	others.database_key = database_key;
+	memset(&records, 0, sizeof(records));
+	records.database_key = database_key;
+	records.self = outbox_relay_worker;
 	if (!outbox_progress_read_back(producer, producer->progress_topic,
-								   progress_key, START_TIMEOUT_MS, &record,
-								   &others, error))
+								   progress_key, START_TIMEOUT_MS, &records,
+								   error))
 		return OUTBOX_EOS_UNAVAILABLE;
 	pgstat_report_activity(STATE_IDLE, NULL);
-	if (record != NULL)
-		reconcile(record, true);
-	reconcile_others(&others);
+	reconcile_all(&records);
 	return OUTBOX_EOS_READY;
 }
 
@@ -295,16 +293,18 @@ reconcile(const char *record, bool own)
 }
 
 /*
- * The last records of the database's other relays (others->records[n] of
- * relay n + 1), each in a transaction of its own.
+ * The last records of the database's relays read back (records->records[n]
+ * of relay n + 1), this relay's own first, each in a transaction of its own.
  */
 static void
-reconcile_others(OutboxProgressRecords *others)
+reconcile_all(OutboxProgressRecords *records)
 {
+	if (records->records[records->self] != NULL)
+		reconcile(records->records[records->self], true);
 	for (int n = 0; n < OUTBOX_MAX_WORKERS_PER_DATABASE; n++)
 	{
-		if (others->records[n] != NULL && n != outbox_relay_worker)
-			reconcile(others->records[n], false);
+		if (records->records[n] != NULL && n != records->self)
+			reconcile(records->records[n], false);
 	}
 }
 

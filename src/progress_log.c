@@ -39,30 +39,29 @@ static bool write_sentinel(OutboxProducer *producer, const char *topic,
 						   const char *key, const char *nonce, int timeout_ms,
 						   int64 *offset, char **error);
 static rd_kafka_t *new_consumer(char **error);
-static bool read_range(rd_kafka_t *consumer, const char *topic, const char *key,
-					   int64 start, int64 end, int timeout_ms,
-					   char **record, OutboxProgressRecords *others,
-					   char **error);
-static int	relay_of_key(const OutboxProgressRecords *others, const char *key,
+static bool read_range(rd_kafka_t *consumer, const char *topic, int64 start,
+					   int64 end, int timeout_ms,
+					   OutboxProgressRecords *records, char **error);
+static int	relay_of_key(const OutboxProgressRecords *records, const char *key,
 						 size_t key_len);
 static void ignore_log(const rd_kafka_t *rk, int level, const char *fac,
 					   const char *buf);
 
 /*
  * outbox_progress_read_back
- *		Commit a sentinel to topic and return the last progress record
- *		committed under key before it: its value (palloc'd, NUL-terminated),
- *		or NULL when there is none (the relay never committed one); and in
- *		others the last record of each relay of the database found in the
- *		offsets read (OutboxProgressRecords).
+ *		Commit a sentinel to topic (under key, this relay's, with
+ *		".sentinel") and put into records the last progress record committed
+ *		before it by each relay of the database found in the offsets read
+ *		(values palloc'd, NUL-terminated): always this relay's own
+ *		(records->self) if it ever committed one.
  *		Returns false with *error (palloc'd) when Kafka did not answer
  *		within timeout_ms (ms) or the producer failed; raises no ERROR but
  *		stops waiting on SIGTERM (CHECK_FOR_INTERRUPTS).
  */
 bool
 outbox_progress_read_back(OutboxProducer *producer, const char *topic,
-						  const char *key, int timeout_ms, char **record,
-						  OutboxProgressRecords *others, char **error)
+						  const char *key, int timeout_ms,
+						  OutboxProgressRecords *records, char **error)
 {
 	char		nonce_bytes[16];
 	char		nonce[33];
@@ -76,7 +75,6 @@ outbox_progress_read_back(OutboxProducer *producer, const char *topic,
 	rd_kafka_resp_err_t err;
 	bool		ok = true;
 
-	*record = NULL;
 	if (!pg_strong_random(nonce_bytes, sizeof(nonce_bytes)))
 		memset(nonce_bytes, 0, sizeof(nonce_bytes));
 	nonce[hex_encode(nonce_bytes, sizeof(nonce_bytes), nonce)] = '\0';
@@ -99,9 +97,9 @@ outbox_progress_read_back(OutboxProducer *producer, const char *topic,
 	for (;;)
 	{
 		start = Max(low, sentinel - window);
-		ok = read_range(consumer, topic, key, start, sentinel, timeout_ms,
-						record, others, error);
-		if (!ok || *record != NULL || start <= low)
+		ok = read_range(consumer, topic, start, sentinel, timeout_ms,
+						records, error);
+		if (!ok || records->records[records->self] != NULL || start <= low)
 			break;
 		window *= 10;
 	}
@@ -199,17 +197,14 @@ new_consumer(char **error)
 
 /*
  * Read offsets start .. end (the sentinel) of partition 0 and keep the
- * value of the last record under key in *record, and those of the
- * database's relays in others.
+ * value of the last record of each relay of the database in records.
  */
 static bool
-read_range(rd_kafka_t *consumer, const char *topic, const char *key,
-		   int64 start, int64 end, int timeout_ms, char **record,
-		   OutboxProgressRecords *others, char **error)
+read_range(rd_kafka_t *consumer, const char *topic, int64 start, int64 end,
+		   int timeout_ms, OutboxProgressRecords *records, char **error)
 {
 	rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
-	size_t		key_len = strlen(key);
 	bool		done = false;
 
 	rd_kafka_topic_partition_list_add(parts, topic, 0)->offset = start;
@@ -238,21 +233,13 @@ read_range(rd_kafka_t *consumer, const char *topic, const char *key,
 			int			relay = -1;
 
 			if (m->offset < end && m->key != NULL)
-				relay = relay_of_key(others, m->key, m->key_len);
+				relay = relay_of_key(records, m->key, m->key_len);
 			if (relay >= 0)
 			{
-				if (others->records[relay] != NULL)
-					pfree(others->records[relay]);
-				others->records[relay] = pnstrdup(m->payload ? (const char *) m->payload : "",
-												  m->len);
-			}
-			if (m->offset < end && m->key_len == key_len &&
-				memcmp(m->key, key, key_len) == 0)
-			{
-				if (*record != NULL)
-					pfree(*record);
-				*record = pnstrdup(m->payload ? (const char *) m->payload : "",
-								   m->len);
+				if (records->records[relay] != NULL)
+					pfree(records->records[relay]);
+				records->records[relay] = pnstrdup(m->payload ? (const char *) m->payload : "",
+												   m->len);
 			}
 			done = m->offset >= end;
 		}
@@ -274,15 +261,15 @@ read_range(rd_kafka_t *consumer, const char *topic, const char *key,
  * for database_key "-w<n>"), or -1 for a key of no relay of it.
  */
 static int
-relay_of_key(const OutboxProgressRecords *others, const char *key,
+relay_of_key(const OutboxProgressRecords *records, const char *key,
 			 size_t key_len)
 {
-	size_t		base_len = strlen(others->database_key);
+	size_t		base_len = strlen(records->database_key);
 	char		suffix[8];
 	int			n;
 	char		end;
 
-	if (key_len < base_len || memcmp(key, others->database_key, base_len) != 0)
+	if (key_len < base_len || memcmp(key, records->database_key, base_len) != 0)
 		return -1;
 	if (key_len == base_len)
 		return 0;
