@@ -24,7 +24,7 @@
 #   BENCH_SECTIONS          1,2a,2b,2c,3,5,6,7 which sections to run (2a includes section 4; 6 is
 #                                     bench/databases.sh: one backlog over 1, 2, 4 databases; 7 is
 #                                     bench/load/delivery.py: exactly_once beside at_least_once,
-#                                     drain and latency, BENCH_EOS_EVENTS 500000, BENCH_EOS_RATE 500)
+#                                     drain and latency, BENCH_EOS_EVENTS 500000, BENCH_EOS_RATES 500,100)
 #   BENCH_DB_EVENTS         1000000   section 6: backlog size; BENCH_DB_CASES "1,2,4" databases
 #   BENCH_STEADY_EVENTS     5000000   section 5: events emitted at a steady rate, relay publishing
 #   BENCH_STEADY_RATE       20000     section 5: events per second (BENCH_STEADY_BATCH per commit)

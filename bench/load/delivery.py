@@ -8,10 +8,12 @@ at_least_once, side by side in one run on the cluster bench/run.sh started.
     (utime + stime of its threads, librdkafka's included).  Rounds alternate the modes
     (at_least_once, exactly_once, ...) BENCH_EOS_ROUNDS (2) times each, after an unreported
     warm-up; the table gives every round.
-(b) Latency: BENCH_EOS_RATE (500) commits per second, one event each, from one session, for
-    BENCH_EOS_LATENCY_SECONDS (20) after a 3 s warm-up; latency = the time a read_committed
-    consumer (librdkafka through confluent_kafka, polled without a batch window) received the
-    event minus the time its COMMIT returned.  Same alternation.
+(b) Latency: at each of BENCH_EOS_RATES (500,100) commits per second (BENCH_EOS_RATE, if set,
+    replaces the first), one event each, from one session, for BENCH_EOS_LATENCY_SECONDS (20)
+    after a 3 s warm-up; latency = the time a read_committed consumer (librdkafka through
+    confluent_kafka, polled without a batch window) received the event minus the time its
+    COMMIT returned; and the relay's CPU meanwhile (its threads, librdkafka's included, as a
+    share of one core).  Same alternation.
 
 Writes bench/results/delivery.md (the tables) and prints them.
 """
@@ -29,7 +31,9 @@ import common  # noqa: E402
 
 EVENTS = common.env_int("BENCH_EOS_EVENTS", 500000)
 ROUNDS = common.env_int("BENCH_EOS_ROUNDS", 2)
-RATE = common.env_int("BENCH_EOS_RATE", 500)
+RATES = [int(r) for r in common.env_str("BENCH_EOS_RATES", "500,100").split(",") if r.strip()]
+if os.environ.get("BENCH_EOS_RATE", "").strip():
+    RATES[0] = int(os.environ["BENCH_EOS_RATE"])
 LAT_SECONDS = common.env_int("BENCH_EOS_LATENCY_SECONDS", 20)
 WARMUP = 3
 AGGS = 10000
@@ -121,7 +125,7 @@ def drain(db, mode, events):
             "cpu": c1 - c0, "same_pid": same}
 
 
-def latency(db, mode):
+def latency(db, mode, rate):
     db.set_mode(mode)
     topic = "bench.eos.lat.%s.%d" % (mode, int(time.time()))
     common.create_topic(topic)
@@ -147,10 +151,14 @@ def latency(db, mode):
     conn = psycopg2.connect(common.pg_conninfo())
     conn.autocommit = True
     cur = conn.cursor()
+    pid = db.status()[0]
     start = time.time()
     n = 0
+    c0 = None
     while time.time() - start < WARMUP + LAT_SECONDS:
-        ahead = start + n / RATE - time.time()
+        if c0 is None and time.time() - start >= WARMUP:
+            c0, t0 = cpu_of(pid), time.time()
+        ahead = start + n / rate - time.time()
         if ahead > 0:
             time.sleep(ahead)
         cur.execute("SELECT outbox.emit('bench_eos_lat', %s, 'e', '{}', NULL, %s)::text",
@@ -159,6 +167,7 @@ def latency(db, mode):
         if time.time() - start >= WARMUP:
             commits[eid] = time.time()
         n += 1
+    cpu = (cpu_of(pid) - c0) / (time.time() - t0) if c0 is not None else float("nan")
     deadline = time.time() + 60
     while time.time() < deadline and any(e not in recv for e in commits):
         time.sleep(0.1)
@@ -171,7 +180,7 @@ def latency(db, mode):
 
     def pct(p):
         return lat[min(len(lat) - 1, int(round(p / 100 * (len(lat) - 1))))] if lat else float("nan")
-    return {"mode": mode, "events": len(commits), "missing": missing, "p50": pct(50),
+    return {"mode": mode, "rate": rate, "cpu": cpu, "events": len(commits), "missing": missing, "p50": pct(50),
             "p90": pct(90), "p99": pct(99), "max": lat[-1] if lat else float("nan")}
 
 
@@ -189,11 +198,12 @@ def main():
             log("section 7: drain %d events, %s (round %d)" % (EVENTS, mode, r + 1))
             drains.append(drain(db, mode, EVENTS))
             log("  %.1f s, %.0f events/s, relay %.1f CPU s" % (drains[-1]["s"], drains[-1]["rate"], drains[-1]["cpu"]))
-    for r in range(ROUNDS):
-        for mode in MODES:
-            log("section 7: latency at %d/s for %d s, %s (round %d)" % (RATE, LAT_SECONDS, mode, r + 1))
-            lats.append(latency(db, mode))
-            log("  p50 %.1f ms, p99 %.1f ms" % (lats[-1]["p50"], lats[-1]["p99"]))
+    for rate in RATES:
+        for r in range(ROUNDS):
+            for mode in MODES:
+                log("section 7: latency at %d/s for %d s, %s (round %d)" % (rate, LAT_SECONDS, mode, r + 1))
+                lats.append(latency(db, mode, rate))
+                log("  p50 %.1f ms, p99 %.1f ms" % (lats[-1]["p50"], lats[-1]["p99"]))
     db.q("ALTER SYSTEM RESET outbox.delivery")
     db.q("ALTER SYSTEM RESET outbox.retention")
     db.q("SELECT pg_reload_conf()")
@@ -202,8 +212,9 @@ def main():
         return fn(x[key] for x in rows if x["mode"] == mode)
     alo_rate = best(drains, "rate", "at_least_once", max)
     eos_rate = best(drains, "rate", "exactly_once", max)
-    alo_p99 = best(lats, "p99", "at_least_once", min)
-    eos_p99 = best(lats, "p99", "exactly_once", min)
+    first = [x for x in lats if x["rate"] == RATES[0]]
+    alo_p99 = best(first, "p99", "at_least_once", min)
+    eos_p99 = best(first, "p99", "exactly_once", min)
     server = db.q("SHOW server_version")[0][0]
     batch = db.q("SHOW outbox.batch_size")[0][0]
     lines = [
@@ -223,20 +234,23 @@ def main():
             d["cpu"] * 1e6 / d["events"], "yes" if d["same_pid"] else "no"))
     lines += [
         "",
-        "(b) latency, COMMIT returned -> a read_committed consumer received it, at %d commits/s"
-        " (one event each) for %d s:" % (RATE, LAT_SECONDS),
+        "(b) latency, COMMIT returned -> a read_committed consumer received it, at %s commits/s"
+        " (one event each) for %d s; relay CPU = its threads' CPU time over the run's time:"
+        % (" and ".join(str(r) for r in RATES), LAT_SECONDS),
         "",
-        "| round | delivery | events | missing | p50 ms | p90 ms | p99 ms | max ms |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| commits/s | round | delivery | events | missing | p50 ms | p90 ms | p99 ms | max ms | relay CPU % of a core |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for i, x in enumerate(lats):
-        lines.append("| %d | %s | %d | %d | %.1f | %.1f | %.1f | %.1f |" % (
-            i // 2 + 1, x["mode"], x["events"], x["missing"], x["p50"], x["p90"], x["p99"], x["max"]))
+        lines.append("| %d | %d | %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.0f |" % (
+            x["rate"], (i // 2) % ROUNDS + 1, x["mode"], x["events"], x["missing"], x["p50"],
+            x["p90"], x["p99"], x["max"], 100 * x["cpu"]))
     lines += [
         "",
         "Best of the rounds: drain %.0f (exactly_once) vs %.0f events/s (at_least_once), %.1f%% less;"
-        " p99 latency %.1f vs %.1f ms, %+.1f ms."
-        % (eos_rate, alo_rate, 100 * (1 - eos_rate / alo_rate), eos_p99, alo_p99, eos_p99 - alo_p99),
+        " p99 latency at %d/s %.1f vs %.1f ms, %+.1f ms."
+        % (eos_rate, alo_rate, 100 * (1 - eos_rate / alo_rate), RATES[0], eos_p99, alo_p99,
+           eos_p99 - alo_p99),
     ]
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
