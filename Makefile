@@ -43,6 +43,7 @@ OBJS = \
 	src/snapshot.o \
 	src/progress_record.o \
 	src/exactly_once.o \
+	src/fault_point.o \
 	src/progress_log.o \
 	src/txn.o \
 	src/retention.o \

@@ -23,6 +23,7 @@
 #include "outbox.h"
 #include "claim.h"
 #include "exactly_once.h"
+#include "fault_point.h"
 #include "mark.h"
 #include "message.h"
 #include "relay.h"
@@ -255,10 +256,16 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
 												 ALLOCSET_DEFAULT_SIZES);
 
 	bool		eos = producer->transactional_id != NULL;
+	int			fetched;
 
 	if (eos && !outbox_eos_begin(producer, result))
 		return;
-	(void) outbox_fetch_and_produce(producer, batch, portal, rowcxt);
+
+	/*
+	 * However the fetch stopped, only the rows it fetched are marked, each by
+	 * its own delivery report: the rest stays unpublished and is claimed again.
+	 */
+	(void) outbox_fetch_and_produce(producer, batch, portal, rowcxt, &fetched);
 	result->claimed = batch->n;
 	rows_claimed_nothing = (batch->n == 0);
 
@@ -266,14 +273,17 @@ relay_claimed_rows(OutboxProducer *producer, Batch *batch, Portal portal,
 		(void) outbox_eos_add_record(producer,
 									 outbox_eos_rows_record(batch),
 									 batch->n);
+	outbox_fault_point("after_produce");
 	if (batch->n > 0)
 		wait_for_reports(producer, result);
+	outbox_fault_point("after_ack");
 	if (eos)
 		end_rows_transaction(producer, batch, result);
 	if (batch->n > 0)
 		mark_batch(producer, batch->entries, batch->n, dead_letters, false,
 				   result);
 	result->fatal = producer->fatal;
+	outbox_fault_point("before_commit");
 }
 
 /*
@@ -373,8 +383,10 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 									 outbox_eos_snapshot_record(&sb, batch),
 									 batch->n);
 	}
+	outbox_fault_point("after_produce");
 	if (batch->n > 0)
 		wait_for_reports(producer, result);
+	outbox_fault_point("after_ack");
 	verdicts = snapshot_verdicts(producer, batch, demote, &ndemote);
 	if (verdicts < batch->n)
 		sb.exhausted = false;
@@ -392,6 +404,7 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 			outbox_snapshot_save(&sb);
 	}
 	result->fatal = producer->fatal;
+	outbox_fault_point("before_commit");
 	RESUME_INTERRUPTS();
 }
 
@@ -463,6 +476,11 @@ end_snapshot_transaction(OutboxProducer *producer, Batch *batch,
 /*
  * Produce the snapshot batch sb, part A then part B, until the batch is
  * full or both parts returned their last rows.
+ *
+ * A part is done only when its cursor ran dry short of its limit.  A fetch
+ * cut short by SIGTERM or a fatal producer error says nothing about the
+ * rows after it: were sb->exhausted set then, outbox_snapshot_save() would
+ * record the whole batch's snapshot as published, unsent rest included.
  */
 static void
 produce_snapshot_chunks(OutboxProducer *producer, Batch *batch,
@@ -472,23 +490,23 @@ produce_snapshot_chunks(OutboxProducer *producer, Batch *batch,
 	bool		part_b = false;
 	int			limit;
 	int			got;
+	OutboxFetchStop stop = OUTBOX_FETCH_DRY;
 
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox relay row",
 								   ALLOCSET_DEFAULT_SIZES);
-	while (batch->n < outbox_batch_size && !producer->fatal && !ProcDiePending &&
+	while (stop == OUTBOX_FETCH_DRY && batch->n < outbox_batch_size &&
 		   !sb->exhausted)
 	{
 		limit = outbox_batch_size - batch->n;
-		got = outbox_fetch_and_produce(producer, batch,
-									   outbox_snapshot_open(sb, limit, &part_b),
-									   rowcxt);
-		if (got < limit)
-		{
-			if (part_b)
-				sb->exhausted = true;
-			else
-				sb->part_a_done = true;
-		}
+		stop = outbox_fetch_and_produce(producer, batch,
+										outbox_snapshot_open(sb, limit, &part_b),
+										rowcxt, &got);
+		if (stop != OUTBOX_FETCH_DRY || got >= limit)
+			continue;			/* cut short, or the part may hold more */
+		if (part_b)
+			sb->exhausted = true;
+		else
+			sb->part_a_done = true;
 	}
 }
 

@@ -55,13 +55,11 @@
  */
 #include "outbox.h"
 #include "exactly_once.h"
+#include "fault_point.h"
 #include "mark.h"
 #include "progress_log.h"
 #include "relay_xact.h"
 #include "txn.h"
-
-#include <signal.h>
-#include <unistd.h>
 
 #include "access/xlog.h"
 #include "catalog/pg_type.h"
@@ -382,7 +380,10 @@ outbox_eos_begin(OutboxProducer *producer, OutboxBatchResult *result)
  *		deliveries[index], right after the batch's events: its report is
  *		awaited with theirs, so that the commit costs one round trip more,
  *		not two.  If any event then fails, the transaction (record included)
- *		is aborted.  False if it could not be produced.
+ *		is aborted.  A full local queue is waited out as for the events
+ *		(outbox_send_with_backpressure).  False if it could not be produced
+ *		(SIGTERM while the queue was full, a refusal): the batch is then
+ *		aborted, never committed without its record.
  */
 bool
 outbox_eos_add_record(OutboxProducer *producer, const char *record, int index)
@@ -395,7 +396,8 @@ outbox_eos_add_record(OutboxProducer *producer, const char *record, int index)
 	msg.key_len = strlen(msg.key);
 	msg.value = record;
 	msg.value_len = strlen(record);
-	return outbox_producer_send(producer, index, &msg) == RD_KAFKA_RESP_ERR_NO_ERROR;
+	/* with the events' backpressure: a full queue is no reason to abort */
+	return outbox_send_with_backpressure(producer, index, &msg) == RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
 /*
@@ -418,11 +420,11 @@ outbox_eos_commit(OutboxProducer *producer, int index, OutboxBatchResult *result
 		outbox_eos_abort(producer, result);
 		return false;
 	}
-	outbox_eos_crash_point("mid_transaction");
+	outbox_fault_point("mid_transaction");
 	outcome = outbox_txn_commit(producer, COMMIT_TIMEOUT_MS, &error);
 	if (outcome == OUTBOX_TXN_OK)
 	{
-		outbox_eos_crash_point("after_kafka_commit");
+		outbox_fault_point("after_kafka_commit");
 		return true;
 	}
 	if (result->first_error == NULL)
@@ -497,48 +499,4 @@ outbox_eos_keep_refusals(OutboxProducer *producer, BatchEntry *entries, int n,
 			e->error = RD_KAFKA_RESP_ERR_NO_ERROR;
 	}
 	return refused;
-}
-
-/*
- * outbox_eos_crash_point
- *		A test hook: if the file "outbox_crash_<name>" exists in the data
- *		directory, remove it and kill this process with SIGKILL, as a crash
- *		at that moment would (the postmaster then restarts every backend).
- *		The crash tests use it for the two worst moments: "mid_transaction"
- *		(events sent, the Kafka transaction open) and "after_kafka_commit"
- *		(Kafka committed, the database not).  The file may hold "relay <n>"
- *		first: only relay n of the database acts; and "stop" anywhere: the
- *		relay shuts the server down at once instead (SIGQUIT to the
- *		postmaster, as pg_ctl stop -m immediate), so that it comes back only
- *		when started, with the settings written meanwhile.  Only the data
- *		directory's owner can create the file.
- */
-void
-outbox_eos_crash_point(const char *name)
-{
-	char		path[MAXPGPATH];
-	char		order[64] = "";
-	FILE	   *file;
-	int			relay;
-
-	snprintf(path, sizeof(path), "%s/outbox_crash_%s", DataDir, name);
-	file = fopen(path, "r");
-	if (file == NULL)
-		return;
-	order[fread(order, 1, sizeof(order) - 1, file)] = '\0';
-	fclose(file);
-	if (sscanf(order, "relay %d", &relay) == 1 && relay != outbox_relay_worker + 1)
-		return;
-	if (unlink(path) != 0)
-		return;					/* another relay came first */
-	ereport(LOG,
-			(errmsg("outbox relay: crashing at \"%s\" as asked by the file \"%s\"",
-					name, path)));
-	if (strstr(order, "stop") != NULL)
-	{
-		(void) kill(PostmasterPid, SIGQUIT);
-		for (;;)
-			pg_usleep(100000L); /* the postmaster's SIGQUIT ends this process */
-	}
-	(void) kill(getpid(), SIGKILL);
 }

@@ -34,6 +34,5 @@ extern bool outbox_eos_commit(OutboxProducer *producer, int index,
 extern void outbox_eos_abort(OutboxProducer *producer, OutboxBatchResult *result);
 extern int	outbox_eos_keep_refusals(OutboxProducer *producer, BatchEntry *entries,
 									 int n, bool *transient);
-extern void outbox_eos_crash_point(const char *name);
 
 #endif							/* OUTBOX_EXACTLY_ONCE_H */

@@ -40,6 +40,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "fault_point.h"
 #include "message.h"
 #include "row_message.h"
 #include "snapshot.h"
@@ -80,9 +81,7 @@ static void read_claimed_row(BatchEntry *entry, const OutboxRow *row,
 							 char **aggregate_type, char **aggregate_id);
 static bool must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 									   BatchEntry *entry);
-static rd_kafka_resp_err_t send_with_backpressure(OutboxProducer *producer,
-												  int index,
-												  const OutboxMessage *msg);
+static OutboxFetchStop fetch_stop(OutboxProducer *producer, Batch *batch);
 static void entry_failed(Batch *batch, BatchEntry *entry,
 						 rd_kafka_resp_err_t err, const char *text);
 static bool is_suspect(int64 id);
@@ -95,39 +94,63 @@ static void absorb_barriers(void);
  *		each row is copied into librdkafka's queue (which is bounded, see
  *		kafka_config.c) and its SPI copy freed with the chunk.
  *
- * Each row becomes entry batch->n of the batch.  Stops early when the batch
- * is full, the producer hit a fatal error, or SIGTERM arrived.  Closes the
- * portal and returns the number of rows fetched.  rowcxt is reset after
- * each row.  SPI errors are raised as ERROR.
+ * Each row becomes entry batch->n of the batch.  Stops when the cursor ran
+ * dry, the batch is full, the producer hit a fatal error, or SIGTERM
+ * arrived, and returns which (OutboxFetchStop): only the first means the
+ * cursor has no more rows.  Closes the portal and sets *fetched to the
+ * number of rows fetched.  rowcxt is reset after each row.  SPI errors are
+ * raised as ERROR.
  */
-int
+OutboxFetchStop
 outbox_fetch_and_produce(OutboxProducer *producer, Batch *batch,
-						 Portal portal, MemoryContext rowcxt)
+						 Portal portal, MemoryContext rowcxt, int *fetched)
 {
-	int			fetched = 0;
+	OutboxFetchStop stop;
 
-	while (batch->n < outbox_batch_size && !producer->fatal && !ProcDiePending)
+	*fetched = 0;
+	for (;;)
 	{
 		uint64		i;
 
+		if ((stop = fetch_stop(producer, batch)) != OUTBOX_FETCH_DRY)
+			break;
 		SPI_cursor_fetch(portal, true, CLAIM_FETCH_SIZE);
 		if (SPI_processed == 0)
-			break;
-		for (i = 0; i < SPI_processed && batch->n < outbox_batch_size && !ProcDiePending; i++)
+			break;				/* stop is OUTBOX_FETCH_DRY */
+		for (i = 0; i < SPI_processed &&
+			 fetch_stop(producer, batch) == OUTBOX_FETCH_DRY; i++)
 		{
 			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
 
 			produce_row(producer, batch, SPI_tuptable->vals[i],
 						SPI_tuptable->tupdesc);
 			batch->n++;
-			fetched++;
+			(*fetched)++;
 			MemoryContextSwitchTo(oldcxt);
 			MemoryContextReset(rowcxt);
 		}
 		SPI_freetuptable(SPI_tuptable);
+		/* a test hook: a chunk is produced, the cursor may hold more */
+		outbox_fault_point("mid_cursor");
 	}
 	SPI_cursor_close(portal);
-	return fetched;
+	return stop;
+}
+
+/*
+ * Must the fetch stop before the next row, and why?  OUTBOX_FETCH_DRY here
+ * means "go on": the cursor alone can say that it ran dry.
+ */
+static OutboxFetchStop
+fetch_stop(OutboxProducer *producer, Batch *batch)
+{
+	if (ProcDiePending)
+		return OUTBOX_FETCH_SHUTDOWN;
+	if (producer->fatal)
+		return OUTBOX_FETCH_FATAL;
+	if (batch->n >= outbox_batch_size)
+		return OUTBOX_FETCH_FULL;
+	return OUTBOX_FETCH_DRY;
 }
 
 /*
@@ -180,7 +203,7 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 	}
 	outbox_row_build_message(&row, topic, aggregate_type, aggregate_id, &space, &msg);
 
-	err = send_with_backpressure(producer, index, &msg);
+	err = outbox_send_with_backpressure(producer, index, &msg);
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
 		return;					/* not produced: no verdict, sent again */
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -284,13 +307,16 @@ must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 }
 
 /*
- * Hand msg to librdkafka as message index of the batch.  A full local queue
- * is backpressure: serve reports and try again.  Returns librdkafka's
- * verdict, or RD_KAFKA_RESP_ERR__QUEUE_FULL when SIGTERM arrived while the
- * queue was full (not produced).
+ * outbox_send_with_backpressure
+ *		Hand msg to librdkafka as message index of the batch.  A full local
+ *		queue is backpressure: serve reports and try again.
+ *
+ * Returns librdkafka's verdict, or RD_KAFKA_RESP_ERR__QUEUE_FULL when
+ * SIGTERM arrived while the queue was full (not produced: no verdict, the
+ * message is sent again by a later batch).  Raises no ERROR.
  */
-static rd_kafka_resp_err_t
-send_with_backpressure(OutboxProducer *producer, int index,
+rd_kafka_resp_err_t
+outbox_send_with_backpressure(OutboxProducer *producer, int index,
 					   const OutboxMessage *msg)
 {
 	rd_kafka_resp_err_t err;

@@ -70,8 +70,26 @@ typedef struct Batch
 	Oid			events_relid;	/* outbox.events, locked for the transaction */
 } Batch;
 
-extern int	outbox_fetch_and_produce(OutboxProducer *producer, Batch *batch,
-									 Portal portal, MemoryContext rowcxt);
+/*
+ * Why outbox_fetch_and_produce stopped.  Only OUTBOX_FETCH_DRY says that the
+ * cursor has no more rows: a batch may count as complete (a snapshot batch
+ * as exhausted) after nothing but that.  "Stopped early" is never "done".
+ */
+typedef enum OutboxFetchStop
+{
+	OUTBOX_FETCH_DRY,			/* the cursor returned its last row */
+	OUTBOX_FETCH_FULL,			/* the batch holds outbox.batch_size rows */
+	OUTBOX_FETCH_FATAL,			/* the producer hit a fatal error */
+	OUTBOX_FETCH_SHUTDOWN		/* SIGTERM arrived (ProcDiePending) */
+} OutboxFetchStop;
+
+extern OutboxFetchStop outbox_fetch_and_produce(OutboxProducer *producer,
+												Batch *batch, Portal portal,
+												MemoryContext rowcxt,
+												int *fetched);
+extern rd_kafka_resp_err_t outbox_send_with_backpressure(OutboxProducer *producer,
+														 int index,
+														 const OutboxMessage *msg);
 extern bool outbox_wait_for_deliveries(OutboxProducer *producer);
 extern void outbox_set_suspect(int64 id, bool suspect);
 
