@@ -57,19 +57,32 @@
 
 /*
  * From 1.4 on, only row-tracked events (xid NULL) are claimed, and none
- * above $2: the id floor of the snapshot relay's progress while events
- * tracked by snapshot exist.  A row-tracked event above it may have a
+ * above the ceiling: the id floor of the snapshot relay's progress while
+ * events tracked by snapshot exist.  A row-tracked event above it may have a
  * snapshot-tracked event of its aggregate before it that is committed but
  * not yet published; it waits until the snapshot batches passed its id.
+ *
+ * The ceiling is part of the claim's own statement, so that it is judged by
+ * the claim's snapshot.  Read before (as it was, with the transaction's
+ * older snapshot), it missed a snapshot-tracked event committed in between,
+ * and the claim then sent a later row-tracked event of its aggregate first.
+ * ($2 is unused: the four parameters stay those of every variant.)
  */
+#define CLAIM_CEILING \
+" AND e.xid IS NULL AND e.id <= (" \
+"     SELECT CASE WHEN EXISTS (SELECT 1 FROM outbox.events AS s WHERE s.xid IS NOT NULL)" \
+"                 THEN COALESCE(pg_catalog.max(p.id_floor), 0)" \
+"                 ELSE 9223372036854775807 END" \
+"       FROM outbox.relay_progress AS p)"
+
 static const char *const claim_sql_legacy[NUM_CLAIM_VARIANTS] = {
-	CLAIM_SELECT " AND e.xid IS NULL AND e.id <= $2"
+	CLAIM_SELECT CLAIM_CEILING
 	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now()")
 	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
+	CLAIM_SELECT " AND e.failed_at IS NULL" CLAIM_CEILING
 	CLAIM_NOT_HELD("(b.next_attempt_at > pg_catalog.now() OR b.failed_at IS NOT NULL)")
 	CLAIM_ORDER,
-	CLAIM_SELECT " AND e.failed_at IS NULL AND e.xid IS NULL AND e.id <= $2"
+	CLAIM_SELECT " AND e.failed_at IS NULL" CLAIM_CEILING
 	CLAIM_NOT_HELD("b.next_attempt_at > pg_catalog.now() AND b.failed_at IS NULL")
 	CLAIM_ORDER
 };
@@ -145,7 +158,7 @@ outbox_open_claim(ClaimVariant variant, bool snapshot_schema, bool bytes)
 					  false, partitioned);
 
 	claim_values[0] = Int32GetDatum(outbox_batch_size);
-	claim_values[1] = Int64GetDatum(snapshot_schema ? outbox_snapshot_claim_ceiling() : 0);
+	claim_values[1] = Int64GetDatum(0);	/* unused: see CLAIM_CEILING */
 	claim_values[2] = Int64GetDatum(outbox_bucket_first(outbox_relay_worker,
 														outbox_relay_nworkers));
 	claim_values[3] = Int64GetDatum(outbox_bucket_first(outbox_relay_worker + 1,

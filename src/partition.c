@@ -19,7 +19,7 @@
  * only), so with k > 1 new events are tracked row by row, whatever
  * outbox.relay_mode says.  Events already tracked by snapshot are sent by
  * worker 0 in snapshot batches over all buckets; the others' claims stay
- * below the snapshot progress meanwhile (outbox_snapshot_claim_ceiling), as
+ * below the snapshot progress meanwhile (CLAIM_CEILING in claim.c), as
  * after a switch to relay_mode = row.  Worker 0 also runs the retention and
  * the VACUUMs, which serve the whole table.
  *

@@ -110,7 +110,6 @@ static SPIPlanPtr reset_plan = NULL;
 static SPIPlanPtr held_plan = NULL;
 static SPIPlanPtr held_skip_plan = NULL;
 static SPIPlanPtr demote_plan = NULL;
-static SPIPlanPtr ceiling_plan = NULL;
 static SPIPlanPtr oldest_plan = NULL;
 
 static void convert_restored_events(bool same_cluster, uint64 nrows);
@@ -433,7 +432,7 @@ outbox_snapshot_held(void)
 								   "SELECT DISTINCT aggregate_type, aggregate_id FROM outbox.events"
 								   " WHERE published_at IS NULL AND xid IS NULL",
 								   0, NULL),
-						 NULL, NULL, true, 0) != SPI_OK_SELECT)
+						 NULL, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read held aggregates");
 	if (SPI_processed == 0)
 		return NULL;
@@ -490,28 +489,6 @@ outbox_aggregate_hash(const char *aggregate_type, const char *aggregate_id)
 											  strlen(aggregate_type), 0),
 						  hash_bytes_extended((const unsigned char *) aggregate_id,
 											  strlen(aggregate_id), 0));
-}
-
-/*
- * outbox_snapshot_claim_ceiling
- *		Highest id the row-tracked claim may take (batch.c): the progress's
- *		id floor while events tracked by snapshot exist, else no limit.
- */
-int64
-outbox_snapshot_claim_ceiling(void)
-{
-	bool		isnull;
-	Datum		d;
-
-	if (!outbox_snapshot_events_exist())
-		return PG_INT64_MAX;
-	if (SPI_execute_plan(outbox_prepare_plan(&ceiling_plan,
-								   "SELECT max(id_floor) FROM outbox.relay_progress",
-								   0, NULL),
-						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: could not read outbox.relay_progress");
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	return isnull ? 0 : DatumGetInt64(d);
 }
 
 /*

@@ -33,7 +33,6 @@ extern bool outbox_snapshot_events_exist(void);
 extern void outbox_snapshot_adopt(void);
 extern struct HTAB *outbox_snapshot_held(void);
 extern void outbox_snapshot_demote(Datum *ids, int n);
-extern int64 outbox_snapshot_claim_ceiling(void);
 extern bool outbox_snapshot_oldest_created_before(TimestampTz cutoff);
 extern uint64 outbox_aggregate_hash(const char *aggregate_type,
 									const char *aggregate_id);
