@@ -9,7 +9,7 @@
 
 EXTENSION = outbox
 # the current version: outbox.control's default_version must say the same (checked below)
-EXTVERSION = 1.7
+EXTVERSION = 1.8
 MODULE_big = outbox
 # in data-path order: start-up, settings, the write side, the relay
 # process (the loop and its connection; one batch: claim, row to message,

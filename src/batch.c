@@ -127,6 +127,8 @@ outbox_relay_batch(OutboxProducer *producer, OutboxBatchResult *result)
 		outbox_relay_xact_end(callercxt, true);
 		return;
 	}
+	/* a test hook: the transaction's snapshot is taken, nothing claimed yet */
+	outbox_fault_point("claim_start");
 	portal = outbox_open_claim(variant, snapshot_schema, bytes);
 	if (relay_is_paused(relid))
 	{
@@ -173,7 +175,7 @@ begin_batch(OutboxProducer *producer, Batch *batch)
 {
 	batch->entries = palloc0(sizeof(BatchEntry) * outbox_batch_size);
 	batch->n = 0;
-	batch->nblocking = 0;
+	batch->blocked = NULL;
 	batch->no_isolation = false;
 	batch->cxt = CurrentMemoryContext;
 	batch->held = NULL;
@@ -355,6 +357,8 @@ relay_snapshot_batch(OutboxProducer *producer, Batch *batch, bool bytes,
 	int			ndemote = 0;
 	int			verdicts;
 
+	/* a test hook: the transaction's snapshot is taken, cur is not yet */
+	outbox_fault_point("snapshot_start");
 	outbox_snapshot_adopt();
 	outbox_snapshot_begin(&sb);
 	if (relay_is_paused(batch->events_relid))

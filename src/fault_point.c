@@ -7,6 +7,10 @@
  *	  time finds only rarely.
  *
  * The steps, in the order a batch passes them:
+ *	claim_start			a batch of row-tracked events: its transaction's
+ *						snapshot is taken, the claim not yet run (batch.c)
+ *	snapshot_start		a snapshot batch: its transaction's snapshot is
+ *						taken, the batch's own (cur) not yet (batch.c)
  *	mid_cursor			a chunk of the claim or snapshot cursor was produced,
  *						and the cursor may hold more (message.c)
  *	after_produce		every event of the batch was handed to librdkafka,
@@ -16,6 +20,9 @@
  *						Kafka transaction still open (exactly_once.c)
  *	after_kafka_commit	exactly_once: Kafka committed, the database not
  *	before_commit		marked, the database's commit not yet done (batch.c)
+ * and outside a batch:
+ *	vacuum_start		the relay's VACUUM worker is connected, nothing
+ *						vacuumed yet (vacuum.c)
  *
  * The file "outbox_crash_<step>" holds what to do, any of:
  *	relay <n>	only relay n of the database acts (first line)
@@ -28,6 +35,8 @@
  *	error		an ERROR at that step: the transaction is rolled back
  *	stop		SIGQUIT to the postmaster (pg_ctl stop -m immediate): the
  *				server comes back only when started again
+ *	pass		nothing: the batch goes on (with sleep: a window held open
+ *				at that step, for a test to commit something in it)
  *	(nothing)	SIGKILL to this process: the postmaster restarts every
  *				backend, as after a crash
  * The file is removed when it acts, so one fault is one file.  Only the
@@ -43,6 +52,30 @@
 #include <unistd.h>
 
 #include "miscadmin.h"
+#include "storage/latch.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+/*
+ * Sleep ms milliseconds on the latch.  SIGTERM ends the sleep where
+ * interrupts are not held (a VACUUM worker), as it would end the step the
+ * sleep stands in front of; in a relay batch, which holds them, the sleep
+ * goes on to its end.
+ */
+static void
+sleep_interruptibly(int ms)
+{
+	TimestampTz end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+	long		left;
+
+	while ((left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), end)) > 0)
+	{
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 left, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
 
 /*
  * outbox_fault_point
@@ -72,16 +105,25 @@ outbox_fault_point(const char *moment)
 		return;
 	if (unlink(path) != 0)
 		return;					/* another relay came first */
-	sleep_at = strstr(order, "sleep ");
-	if (sleep_at != NULL && sscanf(sleep_at, "sleep %d", &sleep_ms) == 1 && sleep_ms > 0)
-		pg_usleep(Min(sleep_ms, 60000) * 1000L);
 	if (strstr(order, "term") != NULL)
 		action = "sending itself SIGTERM";
 	else if (strstr(order, "error") != NULL)
 		action = "raising an error";
+	else if (strstr(order, "pass") != NULL)
+		action = "going on";
+	sleep_at = strstr(order, "sleep ");
+	if (sleep_at == NULL || sscanf(sleep_at, "sleep %d", &sleep_ms) != 1 || sleep_ms < 0)
+		sleep_ms = 0;
+	sleep_ms = Min(sleep_ms, 60000);
+
+	/* logged before the sleep: a test waits for this line to act in it */
 	ereport(LOG,
-			(errmsg("outbox relay: %s at \"%s\" as asked by the file \"%s\"",
-					action, moment, path)));
+			(errmsg("outbox relay: %s at \"%s\" after %d ms as asked by the file \"%s\"",
+					action, moment, sleep_ms, path)));
+	if (sleep_ms > 0)
+		sleep_interruptibly(sleep_ms);
+	if (strstr(order, "pass") != NULL)
+		return;
 	if (strstr(order, "term") != NULL)
 	{
 		(void) kill(getpid(), SIGTERM);

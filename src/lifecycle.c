@@ -328,8 +328,11 @@ drops_outbox(DropStmt *stmt)
  * The current database's events not published yet (*pending) and marked
  * failed (*failed), found as outbox.status finds them: row-tracked ones
  * through events_pending_idx, snapshot-tracked ones above the progress
- * floor or in a transaction its snapshot showed running, each checked with
+ * floor or in a transaction its snapshot did not show as committed (in its
+ * xip list, or at or above its xmax), each checked with
  * outbox.published(e); never a scan of the published rows retention keeps.
+ * It runs in the DROP's session, under the caller's search_path: every
+ * operator is qualified, so that none of the caller's own runs instead.
  * False (nothing counted) for a schema before 1.4 or a caller who may not
  * read the table: the count must never make the DROP fail.
  */
@@ -349,7 +352,7 @@ count_unpublished(int64 *pending, int64 *failed)
 								   SPI_tuptable->tupdesc, 1, &isnull)) &&
 		SPI_execute("WITH g AS ("
 					"  SELECT p.snapshot, p.id_floor FROM outbox.relay_progress AS p"
-					"   WHERE p.system_identifier ="
+					"   WHERE p.system_identifier OPERATOR(pg_catalog.=)"
 					"         (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)"
 					"   ORDER BY p.id_floor DESC LIMIT 1)"
 					" SELECT pg_catalog.count(*) FILTER (WHERE u.failed_at IS NULL),"
@@ -359,12 +362,19 @@ count_unpublished(int64 *pending, int64 *failed)
 					"         UNION ALL"
 					"         SELECT NULL FROM outbox.events AS e"
 					"          WHERE e.xid IS NOT NULL"
-					"            AND e.id > COALESCE((SELECT g.id_floor FROM g), 0)"
+					"            AND e.id OPERATOR(pg_catalog.>) COALESCE((SELECT g.id_floor FROM g), 0)"
 					"            AND NOT outbox.published(e)"
 					"         UNION ALL"
 					"         SELECT NULL FROM g"
 					"           CROSS JOIN pg_catalog.pg_snapshot_xip(g.snapshot) AS x(xid)"
-					"           JOIN outbox.events AS e ON e.xid = x.xid AND e.id <= g.id_floor"
+					"           JOIN outbox.events AS e ON e.xid OPERATOR(pg_catalog.=) x.xid"
+					"                                  AND e.id OPERATOR(pg_catalog.<=) g.id_floor"
+					"          WHERE NOT outbox.published(e)"
+					"         UNION ALL"
+					"         SELECT NULL FROM g"
+					"           JOIN outbox.events AS e"
+					"             ON e.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmax(g.snapshot)"
+					"            AND e.id OPERATOR(pg_catalog.<=) g.id_floor"
 					"          WHERE NOT outbox.published(e)) AS u",
 					true, 1) == SPI_OK_SELECT)
 	{

@@ -84,6 +84,7 @@ static bool must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 static OutboxFetchStop fetch_stop(OutboxProducer *producer, Batch *batch);
 static void entry_failed(Batch *batch, BatchEntry *entry,
 						 rd_kafka_resp_err_t err, const char *text);
+static void block_aggregate(Batch *batch, uint64 aggregate_hash);
 static bool is_suspect(int64 id);
 static void absorb_barriers(void);
 
@@ -220,7 +221,7 @@ produce_row(OutboxProducer *producer, Batch *batch, HeapTuple tuple,
 		if (entry->attempts > 0 || msg.value_len + msg.key_len > BARRIER_BYTES)
 		{
 			entry->barrier = true;
-			batch->nblocking++;
+			block_aggregate(batch, entry->aggregate_hash);
 		}
 		if (entry->isolated)
 			(void) outbox_wait_for_deliveries(producer);
@@ -257,34 +258,27 @@ static bool
 must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 						   BatchEntry *entry)
 {
-	int			i;
-
 	/* tracked by snapshot, behind a pending row-tracked event: wait */
 	if (batch->held != NULL &&
 		hash_search(batch->held, &entry->aggregate_hash, HASH_FIND, NULL) != NULL)
 	{
 		entry->held_back = true;
-		batch->nblocking++;
+		block_aggregate(batch, entry->aggregate_hash);
 		return true;
 	}
 
 	/*
 	 * Keep order: once a row of this aggregate failed in this batch, or was
 	 * held back, or is a barrier, its later rows wait for the next claim.  A
-	 * hash collision only delays an unrelated aggregate by one batch.
+	 * hash collision only delays an unrelated aggregate by one batch.  A set,
+	 * not a look back over the batch: after an outage a batch of 100,000
+	 * rows behind one such row made that look back quadratic.
 	 */
-	for (i = 0; batch->nblocking > 0 && i < batch->n; i++)
+	if (batch->blocked != NULL &&
+		hash_search(batch->blocked, &entry->aggregate_hash, HASH_FIND, NULL) != NULL)
 	{
-		BatchEntry *earlier = &batch->entries[i];
-
-		if (earlier->aggregate_hash == entry->aggregate_hash &&
-			(earlier->error != RD_KAFKA_RESP_ERR_NO_ERROR || earlier->held_back ||
-			 earlier->barrier))
-		{
-			entry->held_back = true;
-			batch->nblocking++;
-			return true;
-		}
+		entry->held_back = true;
+		return true;
 	}
 
 	/*
@@ -298,7 +292,7 @@ must_wait_behind_aggregate(OutboxProducer *producer, Batch *batch,
 		{
 			batch->no_isolation = true;
 			entry->held_back = true;
-			batch->nblocking++;
+			block_aggregate(batch, entry->aggregate_hash);
 			return true;
 		}
 		entry->isolated = true;
@@ -465,5 +459,26 @@ entry_failed(Batch *batch, BatchEntry *entry, rd_kafka_resp_err_t err,
 {
 	entry->error = err;
 	entry->error_text = MemoryContextStrdup(batch->cxt, text);
-	batch->nblocking++;
+	block_aggregate(batch, entry->aggregate_hash);
+}
+
+/*
+ * Later rows of this aggregate wait for the next claim (must_wait_behind_
+ * aggregate): add its hash to the batch's set, made on first use in the
+ * batch's memory context.
+ */
+static void
+block_aggregate(Batch *batch, uint64 aggregate_hash)
+{
+	if (batch->blocked == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(uint64);
+		ctl.entrysize = sizeof(uint64);
+		ctl.hcxt = batch->cxt;
+		batch->blocked = hash_create("outbox relay blocked aggregates", 64, &ctl,
+									 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	(void) hash_search(batch->blocked, &aggregate_hash, HASH_ENTER, NULL);
 }

@@ -60,8 +60,9 @@ typedef struct Batch
 {
 	BatchEntry *entries;
 	int			n;				/* rows claimed so far */
-	int			nblocking;		/* rows that failed before producing, were
-								 * held back, or are barriers */
+	struct HTAB *blocked;		/* aggregates (hashes) with a row that failed
+								 * before producing, was held back, or is a
+								 * barrier: their later rows wait; or NULL */
 	bool		no_isolation;	/* waiting for reports failed: hold back
 								 * suspects until the next batch */
 	MemoryContext cxt;			/* lives until the batch is marked */

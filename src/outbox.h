@@ -206,6 +206,8 @@ typedef struct OutboxRelaySlot
 	bool		retire;			/* set by the launcher: exit between batches */
 	int			worker;			/* index j of the relay in its database */
 	int			nworkers;		/* k: relays sharing the database */
+	pid_t		vacuum_pid;		/* the relay's VACUUM worker (vacuum.c) while
+								 * it runs, set by that worker; 0 if none */
 
 	OutboxRelayState state;
 	int64		published;		/* events acknowledged since start */

@@ -318,8 +318,10 @@ outbox_wake_launcher(void)
 /*
  * outbox_stop_relays
  *		Send SIGTERM to the running relays of database dboid (InvalidOid:
- *		every relay) and wait up to wait_ms (milliseconds), checking every
- *		10 ms, until none is left.  A relay is a slot with a latch; a slot a
+ *		every relay), and to their VACUUM workers, and wait up to wait_ms
+ *		(milliseconds), checking every 10 ms, until none is left.  A VACUUM
+ *		worker holds a connection to the database too: DROP DATABASE,
+ *		RENAME and TEMPLATE would wait for it and fail.  A relay is a slot with a latch; a slot a
  *		launcher held has none.  Processes interrupts while it waits;
  *		raises no error of its own.
  */
@@ -338,16 +340,26 @@ outbox_stop_relays(Oid dboid, int wait_ms)
 			OutboxRelaySlot *s = &outbox_shared->slots[i];
 			pid_t		pid = 0;
 
+			pid_t		vacuum_pid = 0;
+
 			SpinLockAcquire(&s->mutex);
 			if (s->worker_latch != NULL &&
 				(!OidIsValid(dboid) || (s->in_use && s->database_oid == dboid)))
 				pid = s->worker_pid;
+			if (!OidIsValid(dboid) || (s->in_use && s->database_oid == dboid))
+				vacuum_pid = s->vacuum_pid;
 			SpinLockRelease(&s->mutex);
 			if (pid != 0)
 			{
 				busy = true;
 				if (waited == 0)
 					(void) kill(pid, SIGTERM);
+			}
+			/* each pass: it may have registered since the last one */
+			if (vacuum_pid != 0)
+			{
+				busy = true;
+				(void) kill(vacuum_pid, SIGTERM);
 			}
 		}
 		if (!busy || waited >= wait_ms)

@@ -355,21 +355,26 @@ outbox_snapshot_adopt(void)
  * can speak for it covers it, pending otherwise.  Nothing is lost; an event
  * its source already sent may be sent again.
  *
- * From another cluster (same_cluster false), the restored rows' transaction
- * ids mean nothing here, and only the rows of other system identifiers
- * count; this cluster's fresh row is ignored.  From this cluster (pg_restore
- * into a new database, or --data-only into one whose relay already ran),
- * the ids stay meaningful but not which database's relay saw them: a
- * restored event's xid may be older than this database's own progress,
- * which never had the event to send, and the source's progress may cover
- * this database's own pending events.  So all nrows rows count.
+ * Which rows can speak for an event?  A restored event's xid means
+ * something only to the cluster it was written in, and which database's
+ * relay saw it is not known either.  A row of another cluster speaks for
+ * every event.  A row of this cluster speaks for every event whose xid this
+ * cluster could have given out, that is, below the xmax of a snapshot taken
+ * now; an event at or above it cannot be this cluster's (a restored event of
+ * a busier cluster), and this cluster's rows say nothing about it.
+ *
+ * So a pg_restore --data-only of another cluster's dump into a database
+ * whose own relay already ran keeps that database's own progress row in the
+ * judgement of its own pending events (ignoring it, as before, marked them
+ * published by the other cluster's snapshot, never sent).  And a restore
+ * into a fresh database of another cluster, whose xids are all far below
+ * the source's, still keeps what the source published as published.
  */
 static void
 convert_restored_events(bool same_cluster, uint64 nrows)
 {
-	Oid			types[2] = {INT8OID, BOOLOID};
-	Datum		args[2] = {Int64GetDatum((int64) GetSystemIdentifier()),
-	BoolGetDatum(same_cluster)};
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum((int64) GetSystemIdentifier())};
 
 	if (SPI_execute_plan(outbox_prepare_plan(&convert_plan,
 								   "UPDATE outbox.events AS e"
@@ -379,11 +384,12 @@ convert_restored_events(bool same_cluster, uint64 nrows)
 								   "             AND pg_catalog.pg_visible_in_snapshot(e.xid, p.batch_snapshot)),"
 								   "         false))"
 								   "         FROM outbox.relay_progress AS p"
-								   "        WHERE $2 OR p.system_identifier <> $1)"
+								   "        WHERE p.system_identifier <> $1"
+								   "           OR e.xid < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))"
 								   "       THEN pg_catalog.now() END,"
 								   "       xid = NULL"
 								   " WHERE e.xid IS NOT NULL",
-								   2, types),
+								   1, types),
 						 args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: could not convert restored events");
 	if (same_cluster)

@@ -19,6 +19,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "catalog/pg_type.h"
 #include "utils/builtins.h"
@@ -48,6 +49,19 @@ static bool relay_row(int n, StatusRow *row);
 static int	unserved_rows(StatusRow **rows);
 static void put_row(ReturnSetInfo *rsinfo, const StatusRow *row);
 static void put_relay_rows(ReturnSetInfo *rsinfo, bool all);
+
+/*
+ * How many bytes of error fit in a last_error buffer (OUTBOX_ERROR_LEN with
+ * its terminator), cut at a character boundary of the database encoding: a
+ * byte count alone may cut a multibyte character in two (an error text can
+ * quote a topic or an aggregate), and the status views would then return
+ * invalid text.  Computed before the spinlock is taken.
+ */
+static int
+error_length(const char *error)
+{
+	return pg_mbcliplen(error, strlen(error), OUTBOX_ERROR_LEN - 1);
+}
 
 /*
  * outbox_enter_state
@@ -144,11 +158,13 @@ void
 outbox_status_set_error(const char *error)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int			len = error_length(error);
 
 	if (outbox_my_slot == NULL)
 		return;
 	SpinLockAcquire(&outbox_my_slot->mutex);
-	strlcpy(outbox_my_slot->last_error, error, OUTBOX_ERROR_LEN);
+	memcpy(outbox_my_slot->last_error, error, len);
+	outbox_my_slot->last_error[len] = '\0';
 	outbox_my_slot->last_error_at = now;
 	SpinLockRelease(&outbox_my_slot->mutex);
 }
@@ -217,6 +233,7 @@ outbox_status_slot(OutboxRelaySlot *slot, pid_t pid, OutboxRelayState state,
 				   const char *error)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int			len = error_length(error ? error : "");
 
 	SpinLockAcquire(&slot->mutex);
 	if (slot->worker_pid != pid)
@@ -234,7 +251,8 @@ outbox_status_slot(OutboxRelaySlot *slot, pid_t pid, OutboxRelayState state,
 	else if (strncmp(slot->last_error, error, OUTBOX_ERROR_LEN - 1) != 0 ||
 			 slot->last_error_at == 0)
 		slot->last_error_at = now;
-	strlcpy(slot->last_error, error ? error : "", OUTBOX_ERROR_LEN);
+	memcpy(slot->last_error, error ? error : "", len);
+	slot->last_error[len] = '\0';
 	SpinLockRelease(&slot->mutex);
 }
 

@@ -23,6 +23,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "fault_point.h"
 #include "relay_xact.h"
 #include "vacuum.h"
 
@@ -32,7 +33,9 @@
 #include "parser/parse_node.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
+#include "storage/ipc.h"
 #include "storage/proc.h"
+#include "storage/spin.h"
 #include "tcop/tcopprot.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -59,6 +62,12 @@ static int64 deleted_since_vacuum = 0;
 static int64 deleted_at_last_check = 0;
 static TimestampTz last_vacuum_start = 0;
 static BackgroundWorkerHandle *vacuum_handle = NULL;
+
+/* the VACUUM worker's relay slot, where it shows its pid; NULL if none */
+static OutboxRelaySlot *vacuum_slot = NULL;
+
+static void register_in_slot(Oid dboid);
+static void unregister_from_slot(int code, Datum arg);
 
 /* no worker slot was free at the last try (logged once until one is) */
 static bool vacuum_slot_missing = false;
@@ -103,10 +112,14 @@ start_vacuum_worker(void)
 	BackgroundWorker worker;
 	MemoryContext oldcxt;
 	bool		started;
+	int			slot;
 
 	outbox_init_bgworker(&worker, "outbox_vacuum_main", "outbox vacuum",
 						 BGW_NEVER_RESTART);
 	worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
+	/* the relay's slot, where the worker shows its pid (register_in_slot) */
+	slot = outbox_my_slot != NULL ? (int) (outbox_my_slot - outbox_shared->slots) : -1;
+	memcpy(worker.bgw_extra, &slot, sizeof(slot));
 
 	/* the handle outlives the relay's transactions and batches */
 	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
@@ -190,6 +203,45 @@ make_vacuum_stmt(Oid relid)
 }
 
 /*
+ * Show this worker's pid in its relay's slot (vacuum_pid) until it exits,
+ * before it connects: DROP DATABASE, RENAME and TEMPLATE stop a database's
+ * relays through their slots (outbox_stop_relays) and must stop this
+ * worker too, whose connection would make them fail.  The slot is the one
+ * the relay had when it started the worker (bgw_extra); if it serves
+ * another database by now, nothing is shown.
+ */
+static void
+register_in_slot(Oid dboid)
+{
+	int			slot;
+	OutboxRelaySlot *s;
+
+	memcpy(&slot, MyBgworkerEntry->bgw_extra, sizeof(slot));
+	if (slot < 0 || slot >= outbox_shared->nslots)
+		return;
+	s = &outbox_shared->slots[slot];
+	SpinLockAcquire(&s->mutex);
+	if (s->in_use && s->database_oid == dboid)
+	{
+		s->vacuum_pid = MyProcPid;
+		vacuum_slot = s;
+	}
+	SpinLockRelease(&s->mutex);
+	if (vacuum_slot != NULL)
+		on_shmem_exit(unregister_from_slot, (Datum) 0);
+}
+
+/* clear vacuum_pid at exit, if it is still ours */
+static void
+unregister_from_slot(int code, Datum arg)
+{
+	SpinLockAcquire(&vacuum_slot->mutex);
+	if (vacuum_slot->vacuum_pid == MyProcPid)
+		vacuum_slot->vacuum_pid = 0;
+	SpinLockRelease(&vacuum_slot->mutex);
+}
+
+/*
  * outbox_vacuum_main
  *		Entry point of the VACUUM worker (main_arg: the database OID).
  *		Connects as the bootstrap superuser (VACUUM needs the table's owner
@@ -209,8 +261,11 @@ outbox_vacuum_main(Datum main_arg)
 
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	register_in_slot(DatumGetObjectId(main_arg));
 	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg),
 											  InvalidOid, 0);
+	/* a test hook: connected, nothing vacuumed yet */
+	outbox_fault_point("vacuum_start");
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();

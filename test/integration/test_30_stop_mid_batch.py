@@ -115,3 +115,38 @@ def test_sigterm_mid_batch_loses_nothing(env, conn, relay_modes, mode, delivery,
     wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events e"
                                        " WHERE e.aggregate_type = %s AND NOT outbox.published(e)",
                                  (agg_type,))[0] == 0, 60, "every event to be marked published")
+
+
+@pytest.mark.parametrize("mode", ["snapshot", "row"])
+def test_exactly_once_record_waits_out_a_full_queue(env, conn, relay_modes, mode):
+    """exactly_once adds the progress record to each batch's Kafka transaction right after its
+    events. It was produced without the backpressure the events get: with librdkafka's local
+    queue full it was refused at once, the transaction aborted and the whole batch was sent
+    again, into the same full queue (issue 27, finding 3). A queue of 4 messages makes that
+    every batch: nothing ever arrived for a read_committed consumer."""
+    agg_type = new_aggregate_type("eosqueue")
+    topic = topic_prefix(conn) + agg_type
+    create_topics(env, [topic])
+    reader = LightReader(env, [topic], {"isolation.level": "read_committed"})
+    reader.wait_assigned()
+    set_conf(conn, kafka_properties="queue.buffering.max.messages=4")
+    try:
+        relay_setting_reached(env, conn, "kafka_properties", "queue.buffering.max.messages=4")
+        relay_modes(mode, "exactly_once")
+        present = {}
+        for start in (1, 301):
+            rows = query(conn, "SELECT outbox.emit(%s, 'a' || (g %% 20), 'queue.event',"
+                               "                   jsonb_build_object('seq', g))::text, 'a' || (g %% 20), g"
+                               "  FROM generate_series(%s, %s) AS g ORDER BY g", (agg_type, start, start + 299))
+            present.update({eid: (agg, seq) for eid, agg, seq in rows})
+        missing = reader.wait_for(present, 90, extra=1)
+        c = delivery_check(reader.snapshot(), present)
+        reader.close()
+        report(f"OUTBOX EOS FULL QUEUE ({mode}): {len(present)} events through a 4-message queue,"
+               f" {len(missing)} missing, {c.duplicates} duplicates")
+        assert not missing, f"{len(missing)} of {len(present)} events never committed to Kafka"
+        assert_delivered(c, f"exactly_once through a full queue ({mode})")
+        assert c.duplicates == 0, f"{c.duplicates} duplicates with exactly_once"
+    finally:
+        set_conf(conn, kafka_properties=None)
+        wait_relay_ready(env)
