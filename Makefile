@@ -11,7 +11,8 @@ EXTENSION = outbox
 # the current version: outbox.control's default_version must say the same (checked below)
 EXTVERSION = 1.7
 MODULE_big = outbox
-# every .c of src/ and of its folders
+# every .c of src/ and of its folders (src/README.md: one folder per part of
+# the data path, each with a README naming its files in data-path order)
 OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c src/*/*.c)))
 
 # SQL scripts: the frozen 1.0 install script and the update scripts as they are; the current
@@ -21,7 +22,7 @@ DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 PGFILEDESC = "outbox - transactional outbox relayed to Apache Kafka"
 
 SHLIB_LINK += -lrdkafka
-PG_CPPFLAGS += -I$(srcdir)/src $(patsubst %,-I$(srcdir)/%,$(wildcard src/*/))
+PG_CPPFLAGS += -I$(srcdir)/src
 PG_CFLAGS += -Wextra -Wno-unused-parameter
 
 # pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/

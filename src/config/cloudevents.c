@@ -21,7 +21,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "cloudevents.h"
+#include "config/cloudevents.h"
 
 #include <ctype.h>
 

@@ -13,7 +13,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "dblist.h"
+#include "config/dblist.h"
+#include "config/guc.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -209,41 +210,4 @@ outbox_scan_databases(int *count)
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return dbs;
-}
-
-/*
- * outbox_relay_coverage
- *		Does a relay publish this database's outbox?  OUTBOX_NOT_PRELOADED: no
- *		relay runs at all (the library is not in shared_preload_libraries);
- *		OUTBOX_OTHER_DATABASE: this database is not covered by
- *		outbox.databases (or outbox.database when that is empty);
- *		OUTBOX_UNSERVABLE_DATABASE: it is, but it is a template or does not
- *		accept connections, so no relay can connect to it (the launcher
- *		skips it under '*', waits for it with a list).  Its name is then
- *		returned in *dbname (palloc'd).
- */
-OutboxRelayCoverage
-outbox_relay_coverage(char **dbname)
-{
-	char	   *name;
-	HeapTuple	tuple;
-	bool		servable = true;
-
-	if (outbox_shared == NULL)
-		return OUTBOX_NOT_PRELOADED;
-	name = get_database_name(MyDatabaseId);
-	if (name == NULL)
-		return OUTBOX_RELAYED;
-	*dbname = name;
-	if (!outbox_database_relayed(name))
-		return OUTBOX_OTHER_DATABASE;
-	tuple = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(MyDatabaseId));
-	if (HeapTupleIsValid(tuple))
-	{
-		Form_pg_database row = (Form_pg_database) GETSTRUCT(tuple);
-
-		servable = row->datallowconn && !row->datistemplate;
-		ReleaseSysCache(tuple);
-	}
-	return servable ? OUTBOX_RELAYED : OUTBOX_UNSERVABLE_DATABASE;
 }

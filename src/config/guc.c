@@ -15,9 +15,12 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "cloudevents.h"
-#include "kafka_config.h"
-#include "topic.h"
+#include "config/guc.h"
+#include "config/cloudevents.h"
+#include "config/dblist.h"
+#include "config/guc_refusal.h"
+#include "config/kafka_config.h"
+#include "config/topic.h"
 
 #include <ctype.h>
 #include <limits.h>

@@ -23,7 +23,9 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "config/guc_refusal.h"
 
+#include "miscadmin.h"
 #include "utils/guc.h"
 
 typedef struct Refusal

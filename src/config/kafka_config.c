@@ -25,7 +25,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "kafka_config.h"
+#include "config/kafka_config.h"
+#include "config/guc_refusal.h"
 
 #include <ctype.h>
 

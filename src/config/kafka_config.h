@@ -11,6 +11,8 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "utils/guc.h"
+
 /*
  * Parsed outbox.kafka_properties: parallel arrays of keys and values,
  * palloc'd in the caller's context.

@@ -18,7 +18,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "secrets.h"
+#include "config/secrets.h"
 
 #include "nodes/parsenodes.h"
 #include "pgstat.h"

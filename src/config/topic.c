@@ -19,7 +19,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "topic.h"
+#include "config/topic.h"
 
 /*
  * True if c may appear in a topic name.  Written out instead of isalnum(),

@@ -54,12 +54,17 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "exactly_once.h"
-#include "fault_point.h"
-#include "mark.h"
-#include "progress_log.h"
-#include "relay_xact.h"
-#include "txn.h"
+#include "exactly_once/exactly_once.h"
+#include "config/guc.h"
+#include "exactly_once/progress_log.h"
+#include "exactly_once/txn.h"
+#include "kafka/producer.h"
+#include "relay/fault_point.h"
+#include "relay/mark.h"
+#include "relay/message.h"
+#include "relay/relay.h"
+#include "relay/relay_xact.h"
+#include "shared/partition.h"
 
 #include "access/xlog.h"
 #include "catalog/pg_type.h"

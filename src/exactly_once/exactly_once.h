@@ -9,9 +9,10 @@
 #ifndef OUTBOX_EXACTLY_ONCE_H
 #define OUTBOX_EXACTLY_ONCE_H
 
-#include "message.h"
-#include "relay.h"
-#include "snapshot.h"
+#include "kafka/producer.h"
+#include "relay/message.h"
+#include "relay/relay.h"
+#include "relay/snapshot.h"
 
 typedef enum OutboxEosStart
 {

@@ -24,9 +24,11 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "kafka_config.h"
-#include "progress_log.h"
-#include "txn.h"
+#include "exactly_once/progress_log.h"
+#include "config/guc.h"
+#include "config/kafka_config.h"
+#include "exactly_once/txn.h"
+#include "kafka/producer.h"
 
 #include "miscadmin.h"
 #include "storage/procsignal.h"

@@ -8,7 +8,8 @@
 #ifndef OUTBOX_PROGRESS_LOG_H
 #define OUTBOX_PROGRESS_LOG_H
 
-#include "producer.h"
+#include "outbox.h"
+#include "kafka/producer.h"
 
 /*
  * The last progress records of every relay of the database, as the read

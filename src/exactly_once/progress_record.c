@@ -14,7 +14,9 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "exactly_once.h"
+#include "exactly_once/exactly_once.h"
+#include "relay/message.h"
+#include "relay/snapshot.h"
 
 #include "commands/dbcommands.h"
 #include "lib/stringinfo.h"

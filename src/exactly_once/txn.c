@@ -21,7 +21,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "txn.h"
+#include "exactly_once/txn.h"
+#include "kafka/producer.h"
 
 #include "miscadmin.h"
 #include "storage/procsignal.h"

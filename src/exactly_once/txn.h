@@ -9,7 +9,7 @@
 #ifndef OUTBOX_TXN_H
 #define OUTBOX_TXN_H
 
-#include "producer.h"
+#include "kafka/producer.h"
 
 /* what a transactional call came to */
 typedef enum OutboxTxnOutcome

@@ -27,9 +27,11 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "kafka_config.h"
-#include "producer.h"
-#include "topic_cache.h"
+#include "kafka/producer.h"
+#include "config/guc.h"
+#include "config/kafka_config.h"
+#include "kafka/topic_cache.h"
+#include "shared/shmem.h"
 
 #include <fcntl.h>
 #include <unistd.h>

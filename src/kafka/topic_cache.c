@@ -12,7 +12,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "topic_cache.h"
+#include "kafka/topic_cache.h"
 
 #include "miscadmin.h"
 #include "utils/hsearch.h"

@@ -32,11 +32,14 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "connect.h"
-#include "dblist.h"
-#include "launcher.h"
-#include "lifecycle.h"
-#include "status.h"
+#include "launcher/launcher.h"
+#include "config/dblist.h"
+#include "config/guc.h"
+#include "config/guc_refusal.h"
+#include "launcher/lifecycle.h"
+#include "shared/shmem.h"
+#include "shared/status.h"
+#include "worker/connect.h"
 
 #include "access/xact.h"
 #include "lib/stringinfo.h"

@@ -11,6 +11,7 @@
 
 #include "outbox.h"
 
+#include "datatype/timestamp.h"
 #include "postmaster/bgworker.h"
 #include "utils/hsearch.h"
 
@@ -69,5 +70,8 @@ extern bool launcher_relay_found_extension(const LauncherDb *db);
 extern int	launcher_take_slot(LauncherDb *db, int worker);
 extern void launcher_free_slot(LauncherDb *db, int worker);
 extern void launcher_free_idle_slots(LauncherDb *db, int worker);
+
+/* the launcher's entry point (launcher.c), registered by outbox.c */
+extern PGDLLEXPORT void outbox_launcher_main(Datum main_arg);
 
 #endif							/* OUTBOX_LAUNCHER_H */

@@ -16,10 +16,13 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "connect.h"
-#include "launcher.h"
-#include "lifecycle.h"
-#include "status.h"
+#include "config/guc.h"
+#include "launcher/launcher.h"
+#include "launcher/lifecycle.h"
+#include "shared/bgworker.h"
+#include "shared/shmem.h"
+#include "shared/status.h"
+#include "worker/connect.h"
 
 #include "postmaster/bgworker.h"
 #include "utils/memutils.h"

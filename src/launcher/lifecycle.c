@@ -34,7 +34,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "lifecycle.h"
+#include "launcher/lifecycle.h"
+#include "shared/shmem.h"
 
 #include <signal.h>
 

@@ -7,9 +7,10 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "claim.h"
-#include "relay_xact.h"
-#include "snapshot.h"
+#include "relay/claim.h"
+#include "config/guc.h"
+#include "relay/relay_xact.h"
+#include "shared/partition.h"
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"

@@ -37,7 +37,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "fault_point.h"
+#include "relay/fault_point.h"
+#include "shared/partition.h"
 
 #include <signal.h>
 #include <unistd.h>

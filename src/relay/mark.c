@@ -15,9 +15,12 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "mark.h"
-#include "relay_xact.h"
-#include "vacuum.h"
+#include "relay/mark.h"
+#include "config/guc.h"
+#include "kafka/producer.h"
+#include "relay/message.h"
+#include "relay/relay_xact.h"
+#include "relay/vacuum.h"
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"

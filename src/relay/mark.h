@@ -9,7 +9,8 @@
 #ifndef OUTBOX_MARK_H
 #define OUTBOX_MARK_H
 
-#include "message.h"
+#include "kafka/producer.h"
+#include "relay/message.h"
 
 /* what marking a batch did, counted by event (see OutboxBatchResult) */
 typedef struct MarkCounts

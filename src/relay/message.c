@@ -40,12 +40,15 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "fault_point.h"
-#include "message.h"
-#include "row_message.h"
-#include "snapshot.h"
-#include "status.h"
-#include "topic.h"
+#include "relay/message.h"
+#include "config/guc.h"
+#include "config/topic.h"
+#include "kafka/producer.h"
+#include "relay/fault_point.h"
+#include "relay/row_message.h"
+#include "relay/snapshot.h"
+#include "shared/shmem.h"
+#include "shared/status.h"
 
 #include "executor/spi.h"
 #include "miscadmin.h"

@@ -11,7 +11,7 @@
 #ifndef OUTBOX_MESSAGE_H
 #define OUTBOX_MESSAGE_H
 
-#include "producer.h"
+#include "kafka/producer.h"
 
 #include "storage/itemptr.h"
 #include "utils/portal.h"

@@ -1,17 +1,16 @@
 /*-------------------------------------------------------------------------
  *
  * relay.h
- *	  The relay as worker.c calls it: one relay batch (batch.c) claims
- *	  committed events, publishes them and marks what Kafka acknowledged.
- *	  Retention, which deletes published events once they expired, has its
- *	  own header (retention.h).
+ *	  What one relay batch (worker/batch.c) yields: events claimed,
+ *	  published, failed, and whether the producer must be rebuilt.  Filled
+ *	  in by the batch and by exactly_once/, read by worker/.
  *
  *-------------------------------------------------------------------------
  */
 #ifndef OUTBOX_RELAY_H
 #define OUTBOX_RELAY_H
 
-#include "producer.h"
+#include "utils/palloc.h"
 
 typedef struct OutboxBatchResult
 {
@@ -34,13 +33,5 @@ typedef struct OutboxBatchResult
 	char	   *first_error;	/* text of the first failure, or NULL */
 	MemoryContext cxt;			/* where first_error lives: the caller's */
 } OutboxBatchResult;
-
-extern void outbox_relay_batch(OutboxProducer *producer,
-							   OutboxBatchResult *result);
-
-/* batch_report.c */
-extern void outbox_report_batch(const OutboxBatchResult *result);
-extern void outbox_update_broker_state(OutboxProducer *producer,
-									   const OutboxBatchResult *result);
 
 #endif							/* OUTBOX_RELAY_H */

@@ -9,7 +9,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "relay_xact.h"
+#include "relay/relay_xact.h"
 
 #include "access/xact.h"
 #include "catalog/dependency.h"

@@ -8,12 +8,14 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "mark.h"
-#include "relay_xact.h"
-#include "retention.h"
-#include "snapshot.h"
-#include "status.h"
-#include "vacuum.h"
+#include "relay/retention.h"
+#include "config/guc.h"
+#include "relay/mark.h"
+#include "relay/relay_xact.h"
+#include "relay/snapshot.h"
+#include "relay/vacuum.h"
+#include "shared/partition.h"
+#include "shared/status.h"
 
 #include "access/xact.h"
 #include "catalog/namespace.h"

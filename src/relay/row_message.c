@@ -16,8 +16,12 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "row_message.h"
-#include "topic.h"
+#include "relay/row_message.h"
+#include "config/guc.h"
+#include "config/topic.h"
+#include "kafka/producer.h"
+#include "relay/message.h"
+#include "shared/partition.h"
 
 #include "access/htup_details.h"
 #include "access/xlog.h"

@@ -8,7 +8,7 @@
 #ifndef OUTBOX_ROW_MESSAGE_H
 #define OUTBOX_ROW_MESSAGE_H
 
-#include "message.h"
+#include "kafka/producer.h"
 
 #include "access/htup.h"
 #include "access/tupdesc.h"

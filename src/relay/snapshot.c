@@ -28,8 +28,9 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "relay_xact.h"
-#include "snapshot.h"
+#include "relay/snapshot.h"
+#include "config/guc.h"
+#include "relay/relay_xact.h"
 
 #include "access/xlog.h"
 #include "catalog/pg_type.h"

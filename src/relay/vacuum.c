@@ -23,8 +23,10 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "relay_xact.h"
-#include "vacuum.h"
+#include "relay/vacuum.h"
+#include "config/guc.h"
+#include "relay/relay_xact.h"
+#include "shared/bgworker.h"
 
 #include "access/xact.h"
 #include "commands/vacuum.h"
@@ -32,6 +34,7 @@
 #include "parser/parse_node.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
+#include "storage/ipc.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/memutils.h"

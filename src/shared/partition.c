@@ -29,8 +29,14 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "shared/partition.h"
+#include "config/guc.h"
 
-/* set by outbox_connect_to_database() in a relay; a backend keeps 0 of 1 */
+/*
+ * set by outbox_connect_to_database() in a relay; a backend keeps NULL and
+ * 0 of 1
+ */
+const char *outbox_relay_database = NULL;
 int			outbox_relay_worker = 0;
 int			outbox_relay_nworkers = 1;
 

@@ -10,18 +10,27 @@
  * instructions, so reading the status from SQL can never block the relay.
  *
  * It exists only when the library is in shared_preload_libraries; without it
- * outbox_shared stays NULL and every function here is a no-op.
+ * outbox_shared stays NULL and every function here is a no-op, and
+ * outbox_relay_coverage says that no relay runs.
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "shared/shmem.h"
+#include "config/dblist.h"
+#include "config/guc.h"
+#include "shared/partition.h"
 
 #include <signal.h>
 
+#include "access/htup_details.h"
+#include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 OutboxShared *outbox_shared = NULL;
@@ -488,6 +497,43 @@ static const char *const wait_event_names[OUTBOX_WAIT_COUNT] = {
 	"OutboxProducerQueueFull",
 	"OutboxDeliveryReports",
 };
+
+/*
+ * outbox_relay_coverage
+ *		Does a relay publish this database's outbox?  OUTBOX_NOT_PRELOADED: no
+ *		relay runs at all (the library is not in shared_preload_libraries);
+ *		OUTBOX_OTHER_DATABASE: this database is not covered by
+ *		outbox.databases (or outbox.database when that is empty);
+ *		OUTBOX_UNSERVABLE_DATABASE: it is, but it is a template or does not
+ *		accept connections, so no relay can connect to it (the launcher
+ *		skips it under '*', waits for it with a list).  Its name is then
+ *		returned in *dbname (palloc'd).
+ */
+OutboxRelayCoverage
+outbox_relay_coverage(char **dbname)
+{
+	char	   *name;
+	HeapTuple	tuple;
+	bool		servable = true;
+
+	if (outbox_shared == NULL)
+		return OUTBOX_NOT_PRELOADED;
+	name = get_database_name(MyDatabaseId);
+	if (name == NULL)
+		return OUTBOX_RELAYED;
+	*dbname = name;
+	if (!outbox_database_relayed(name))
+		return OUTBOX_OTHER_DATABASE;
+	tuple = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(MyDatabaseId));
+	if (HeapTupleIsValid(tuple))
+	{
+		Form_pg_database row = (Form_pg_database) GETSTRUCT(tuple);
+
+		servable = row->datallowconn && !row->datistemplate;
+		ReleaseSysCache(tuple);
+	}
+	return servable ? OUTBOX_RELAYED : OUTBOX_UNSERVABLE_DATABASE;
+}
 
 /*
  * outbox_wait_event

@@ -14,7 +14,10 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "status.h"
+#include "shared/status.h"
+#include "config/guc.h"
+#include "shared/partition.h"
+#include "shared/shmem.h"
 
 #include "fmgr.h"
 #include "funcapi.h"

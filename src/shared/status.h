@@ -9,7 +9,7 @@
 #ifndef OUTBOX_STATUS_H
 #define OUTBOX_STATUS_H
 
-#include "outbox.h"
+#include "shared/shmem.h"
 
 extern void outbox_enter_state(OutboxRelayState new_state, const char *error);
 extern OutboxRelayState outbox_relay_state(void);

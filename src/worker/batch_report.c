@@ -9,8 +9,12 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "relay.h"
-#include "status.h"
+#include "config/guc.h"
+#include "kafka/producer.h"
+#include "relay/relay.h"
+#include "shared/shmem.h"
+#include "shared/status.h"
+#include "worker/batch.h"
 
 #include "utils/timestamp.h"
 

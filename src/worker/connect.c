@@ -13,8 +13,11 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "connect.h"
-#include "status.h"
+#include "worker/connect.h"
+#include "config/dblist.h"
+#include "config/guc.h"
+#include "shared/partition.h"
+#include "shared/shmem.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"
@@ -34,8 +37,6 @@
 
 static HeapTuple shared_catalog_row(Oid relid, Oid name_index,
 									AttrNumber name_attnum, const char *name);
-
-const char *outbox_relay_database = NULL;
 
 /*
  * outbox_connect_to_database

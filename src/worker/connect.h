@@ -8,7 +8,7 @@
 #ifndef OUTBOX_CONNECT_H
 #define OUTBOX_CONNECT_H
 
-#include "dblist.h"
+#include "config/dblist.h"
 
 /* what the launcher hands a relay in bgw_extra (at most BGW_EXTRALEN bytes) */
 typedef struct OutboxRelayArgs

@@ -22,11 +22,18 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "exactly_once.h"
-#include "connect.h"
-#include "relay.h"
-#include "retention.h"
-#include "status.h"
+#include "worker/worker.h"
+#include "config/guc.h"
+#include "config/guc_refusal.h"
+#include "exactly_once/exactly_once.h"
+#include "kafka/producer.h"
+#include "relay/relay.h"
+#include "relay/retention.h"
+#include "shared/partition.h"
+#include "shared/shmem.h"
+#include "shared/status.h"
+#include "worker/batch.h"
+#include "worker/connect.h"
 
 #include <malloc.h>
 

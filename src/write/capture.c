@@ -38,6 +38,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "write/emit.h"
 
 #include "catalog/partition.h"
 #include "commands/trigger.h"

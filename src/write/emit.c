@@ -15,9 +15,13 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "cloudevents.h"
-#include "topic.h"
-#include "trace_context.h"
+#include "write/emit.h"
+#include "config/cloudevents.h"
+#include "config/guc.h"
+#include "config/topic.h"
+#include "shared/partition.h"
+#include "shared/shmem.h"
+#include "write/trace_context.h"
 
 #include "access/xact.h"
 #include "access/xlog.h"

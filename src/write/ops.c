@@ -12,6 +12,9 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
+#include "config/guc.h"
+#include "shared/shmem.h"
+#include "write/emit.h"
 
 #include "catalog/pg_type.h"
 #include "catalog/namespace.h"

@@ -23,7 +23,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "trace_context.h"
+#include "write/trace_context.h"
+#include "config/guc.h"
 
 #include <ctype.h>
 
