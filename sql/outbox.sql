@@ -247,7 +247,7 @@ COMMENT ON FUNCTION outbox.published(outbox.events) IS
 'True if Kafka acknowledged the event: published_at is set (events tracked row by row), or the relay''s progress covers its transaction (events tracked by snapshot, which have no published_at). Call it as outbox.published(e) on a row e of outbox.events. Runs as the extension owner: callers need EXECUTE only (not granted to PUBLIC).';
 
 /*
- * outbox.emit: the SQL API.  Implemented in C (src/emit.c) so that the
+ * outbox.emit: the SQL API.  Implemented in C (src/write/emit.c) so that the
  * validation runs before anything is written and the committing transaction
  * can wake the relay worker.
  */

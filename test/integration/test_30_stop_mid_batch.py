@@ -5,7 +5,7 @@ Issue 27: with every default (snapshot relay, at_least_once), a relay stopped by
 produced a snapshot batch recorded the whole batch as published, the unsent rest included: the
 events never reached Kafka, outbox.published(e) said true and the retention deleted them.
 
-The relay's fault hook (src/fault_point.c) sends the relay SIGTERM at a named step of its first
+The relay's fault hook (src/relay/fault_point.c) sends the relay SIGTERM at a named step of its first
 batch after resume(), 300 ms after it got there, so that the delivery reports of what it sent so
 far are in (as when a SIGTERM comes during a later fetch): a chunk of the cursor produced (mid_cursor), everything produced but no
 report yet (after_produce), every report in (after_ack).  Each is tried in both relay modes and
