@@ -14,7 +14,7 @@ The launcher and its per-database relays (issue 11, phase 1), on a throw-away cl
   DATABASE ... TEMPLATE it: never held up, relays stop and start accordingly;
 - outbox.max_workers smaller than the databases: one WARNING naming the unserved database,
   outbox.cluster_status() and its outbox.status say waiting_for_slot, and the postgres_exporter
-  queries (sql/monitoring/postgres_exporter.yaml) and the README's alert query tell healthy,
+  queries (sql/monitoring/postgres_exporter.yaml) and the alert query of doc/operations.md tell healthy,
   paused and unserved relays apart, run as a role that is only in pg_monitor.
 
 The 1.x configuration (outbox.database only) is what every other test runs on.
@@ -404,15 +404,15 @@ def run_exporter_query(conn, name, spec):
     return [dict(zip(names, r)) for r in rows]
 
 
-def readme_alert(conn):
-    from test_20_capture_ops import readme_monitoring_query
-    return query_one(conn, readme_monitoring_query())[0]
+def documented_alert(conn):
+    from test_20_capture_ops import documented_alert_query
+    return query_one(conn, documented_alert_query())[0]
 
 
 def test_max_workers_leaves_databases_unserved(env):
     """outbox.max_workers = 2, three listed databases: the third gets no relay, one WARNING names
     it, outbox.cluster_status() (as a pg_monitor-only role) and its own outbox.status say
-    waiting_for_slot, and the postgres_exporter queries of sql/monitoring/ and the README's alert
+    waiting_for_slot, and the postgres_exporter queries of sql/monitoring/ and the documented alert
     query tell healthy, paused and unserved relays apart."""
     with extra_cluster(env, "launcher-slots", 29, database="postgres") as other:
         c, _ = relayed_databases(env, other, DBS)
@@ -474,8 +474,8 @@ def test_max_workers_leaves_databases_unserved(env):
         assert [(b["database"], b["pending"]) for b in backlog] == [(DBS[2], 3)], backlog
         assert backlog[0]["oldest_pending_age_seconds"] > 0, backlog
 
-        # the README's alert query, run in each database
-        alerts = {d: readme_alert(mon[d]) for d in DBS}
+        # the alert query of doc/operations.md, run in each database
+        alerts = {d: documented_alert(mon[d]) for d in DBS}
         assert alerts[DBS[0]] is None, alerts
         assert alerts[DBS[1]].startswith("relay paused"), alerts
         assert alerts[DBS[2]].startswith("relay waiting_for_slot: outbox.max_workers (2)"), alerts
@@ -489,7 +489,7 @@ def test_max_workers_leaves_databases_unserved(env):
                f" naming {DBS[2]}; cluster_status() as pg_monitor: launcher running, {DBS[2]}"
                f" waiting_for_slot ({unserved[4]!r}); exporter queries {sorted(spec)}:"
                f" states {sorted((d, m['state'], m['up']) for d, m in metrics.items())}, backlog of"
-               f" {DBS[2]} pending {backlog[0]['pending']}; README alert: {alerts}")
+               f" {DBS[2]} pending {backlog[0]['pending']}; alert query: {alerts}")
         for m in mon.values():
             m.close()
         c.close()
