@@ -80,11 +80,15 @@
 	object_ownercheck(DatabaseRelationId, (dboid), (roleid))
 #define outbox_namespace_aclcheck(nspoid, roleid, mode) \
 	object_aclcheck(NamespaceRelationId, (nspoid), (roleid), (mode))
+#define outbox_extension_ownercheck(extoid, roleid) \
+	object_ownercheck(ExtensionRelationId, (extoid), (roleid))
 #else
 #define outbox_database_ownercheck(dboid, roleid) \
 	pg_database_ownercheck((dboid), (roleid))
 #define outbox_namespace_aclcheck(nspoid, roleid, mode) \
 	pg_namespace_aclcheck((nspoid), (roleid), (mode))
+#define outbox_extension_ownercheck(extoid, roleid) \
+	pg_extension_ownercheck((extoid), (roleid))
 #endif
 
 #endif							/* OUTBOX_COMPAT_H */

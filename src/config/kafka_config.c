@@ -30,6 +30,8 @@
 
 #include <ctype.h>
 
+#include "lib/stringinfo.h"
+
 static bool set_relay_properties(rd_kafka_conf_t *conf,
 								 const char *bootstrap_servers,
 								 int delivery_timeout_ms, char **error);
@@ -448,4 +450,52 @@ set_property(rd_kafka_conf_t *conf, const char *key, const char *value,
 		*error = psprintf("invalid value for librdkafka property \"%s\": %s",
 						  key, errstr);
 	return false;
+}
+
+/*
+ * outbox_kafka_scrub_secrets
+ *		Replace, in text (a NUL-terminated buffer of size bytes), every
+ *		occurrence of the value of a secret property of properties (the text
+ *		of outbox.kafka_properties) by "********", cutting the result at
+ *		size - 1 bytes.
+ *
+ * librdkafka's own error texts quote some values: "Failed to open
+ * ssl.keystore.location: /path" names the file, whose path may be the very
+ * thing SHOW masks.  Every text of librdkafka's that reaches outbox.status
+ * or the log goes through here first.  Worker's thread only (it pallocs);
+ * raises no error: a properties text that does not parse scrubs nothing,
+ * as no producer could have been built from it.
+ */
+void
+outbox_kafka_scrub_secrets(char *text, size_t size, const char *properties)
+{
+	OutboxKafkaProperty *props;
+	int			nprops;
+	char	   *error;
+
+	if (text == NULL || text[0] == '\0' || properties == NULL || properties[0] == '\0' ||
+		!outbox_parse_kafka_properties(properties, &props, &nprops, &error))
+		return;
+	for (int i = 0; i < nprops; i++)
+	{
+		const char *value = props[i].value;
+		size_t		len = strlen(value);
+		StringInfoData buf;
+		const char *from = text;
+		const char *hit;
+
+		if (len == 0 || !outbox_kafka_property_is_secret(props[i].key) ||
+			strstr(text, value) == NULL)
+			continue;
+		initStringInfo(&buf);
+		while ((hit = strstr(from, value)) != NULL)
+		{
+			appendBinaryStringInfo(&buf, from, hit - from);
+			appendStringInfoString(&buf, "********");
+			from = hit + len;
+		}
+		appendStringInfoString(&buf, from);
+		strlcpy(text, buf.data, size);
+		pfree(buf.data);
+	}
 }

@@ -28,6 +28,8 @@ extern bool outbox_parse_kafka_properties(const char *text,
 										  int *nprops,
 										  char **error);
 extern bool outbox_kafka_property_is_secret(const char *key);
+extern void outbox_kafka_scrub_secrets(char *text, size_t size,
+									   const char *properties);
 extern bool outbox_check_kafka_properties(char **newval, void **extra,
 										  GucSource source);
 extern char *outbox_trim_whitespace(char *s);

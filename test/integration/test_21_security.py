@@ -869,3 +869,29 @@ def test_drop_extension_count_ignores_the_callers_operators(env):
         query(conn, f'DROP DATABASE IF EXISTS "{db}"')
         drop_role(conn, attacker)
         conn.close()
+
+
+def test_librdkafka_errors_never_show_a_masked_value(env):
+    """SHOW masks the value of a secret property, but librdkafka's own error text may quote it: a
+    fresh user saw "could not create the Kafka producer: Failed to open ssl.keystore.location:
+    /nonexistent/KSSECRET" in outbox.status.last_error (readable by pg_monitor) and in the log.
+    Every librdkafka text is now scrubbed of the secret values before it is shown."""
+    conn = pg_connect(env)
+    secret = unique("KSSECRET")
+    props = f"security.protocol=SSL;ssl.keystore.location=/nonexistent/{secret};ssl.keystore.password=pw-{secret}"
+    log = Log(env)
+    try:
+        alter_system(conn, "outbox.kafka_properties", props)
+        reload(conn)
+        st = wait_state(conn, ("config_error", "broker_down"), 60, "the relay to refuse the keystore")
+        assert st["last_error"], st
+        assert "ssl.keystore.location" in st["last_error"], st      # the error is still useful
+        shown = [t for t in (st["last_error"],) if secret in t]
+        logged = [ln for ln in log.lines() if secret in ln]
+        assert not shown, f"outbox.status.last_error shows the masked value: {shown}"
+        assert not logged, f"the server log shows the masked value: {logged[:3]}"
+    finally:
+        alter_system(conn, "outbox.kafka_properties", None)
+        reload(conn)
+        wait_relay_ready(env)
+        conn.close()
