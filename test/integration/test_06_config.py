@@ -237,8 +237,14 @@ def test_last_error_follows_a_new_bootstrap_servers(env, conn):
             relay_status(conn)[0]), 30, "last_error to name the new bootstrap server 127.0.0.1:2")
         assert st["state"] == "broker_down", st
         report(f"OUTBOX CONFIG last_error after a new bootstrap_servers: {st['last_error']!r}")
+        # from broker_down to config_error: Kafka was not reached (a fresh user saw the relay log
+        # "reached Kafka again" right after it refused an unknown property)
+        set_conf(conn, kafka_properties="no.such.property=1")
+        wait_until(lambda: state(conn) == "config_error", 30, "config_error for an unknown property")
+        reached = [ln for ln in watcher.new_lines() if "reached Kafka again" in ln]
+        assert not reached, reached
     finally:
-        set_conf(conn, bootstrap_servers=None)
+        set_conf(conn, bootstrap_servers=None, kafka_properties=None)
     wait_until(lambda: state(conn) in ("idle", "publishing"), 60, "the relay back on the real broker")
 
 
