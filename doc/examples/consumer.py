@@ -4,7 +4,8 @@ A complete consumer of outbox events: it applies each event to a PostgreSQL data
 once, across crashes and restarts of the consumer, of Postgres and of the relay.
 
 The effect here counts orders per customer (`order.created` events with a JSON payload holding
-"customer" and "total"). It is not idempotent on its own: applied twice, an order counts twice.
+"customer" and "total"); events of other types on the topic (`order.shipped`, say) are recorded as
+processed and have no effect. It is not idempotent on its own: applied twice, an order counts twice.
 Three rules make it exactly once:
 
 1. De-duplicate on the `id` header (the event's uuid; `ce_id` in the CloudEvents format):
@@ -75,9 +76,23 @@ def event_id(msg):
     return raw.decode() if raw is not None else None
 
 
+# the event types this consumer has an effect for; any other (order.shipped, say) is only
+# recorded as processed: a topic carries every event type of its aggregate type
+HANDLED_TYPES = {"order.created"}
+
+
+def event_type(msg):
+    """The event's type: header `event_type` (debezium format) or `ce_type` (cloudevents)."""
+    headers = dict(msg.headers() or [])
+    raw = headers.get("event_type") or headers.get("ce_type")
+    return raw.decode() if raw is not None else None
+
+
 def apply(cur, msg):
     """The effect of one event, in the caller's transaction."""
     if msg.value() is None:             # a tombstone: nothing to count
+        return
+    if event_type(msg) not in HANDLED_TYPES:
         return
     order = json.loads(msg.value(), parse_float=decimal.Decimal)
     cur.execute("""INSERT INTO customer_orders AS c (customer, orders, revenue) VALUES (%s, 1, %s)
