@@ -11,6 +11,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "lib/stringinfo.h"
 #include "utils/guc.h"
 
 /*
@@ -33,6 +34,7 @@ extern void outbox_kafka_scrub_secrets(char *text, size_t size,
 extern bool outbox_check_kafka_properties(char **newval, void **extra,
 										  GucSource source);
 extern char *outbox_trim_whitespace(char *s);
+extern void outbox_append_kafka_escaped(StringInfo buf, const char *s);
 extern rd_kafka_conf_t *outbox_kafka_conf_new(const char *bootstrap_servers,
 											  int delivery_timeout_ms,
 											  const char *properties,
