@@ -620,3 +620,68 @@ def order_problems(msgs, expected):
         if got.get(agg_id) != sorted(seqs):
             problems.append(f"{agg_id}: arrived {got.get(agg_id)}, committed {sorted(seqs)}")
     return problems
+
+
+# =========================================================================== issue 28: failure context
+# A failed test says what the server and the relay were doing: the tail of the server log and
+# outbox.status / outbox.cluster_status(), read over a fresh connection with short timeouts (the
+# server may be down, or the test's own connection broken).  Added to the failure's report.
+
+FAILURE_LOG_LINES = 60
+
+
+def _rows_text(cur, sql: str) -> str:
+    cur.execute(sql)
+    cols = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    if not rows:
+        return "  (no rows)"
+    return "\n".join("  " + ", ".join(f"{c}={v!r}" for c, v in zip(cols, r)) for r in rows)
+
+
+def failure_context(env: Env) -> str:
+    """The server log's last lines and the relay's status, as text for a failure report."""
+    parts = []
+    try:
+        with open(env.server_log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()[-FAILURE_LOG_LINES:]
+        parts.append(f"--- {env.server_log}, last {len(lines)} lines\n" + "\n".join(lines))
+    except OSError as e:
+        parts.append(f"--- {env.server_log}: {e}")
+    try:
+        c = psycopg2.connect(host=env.pg_host, port=env.pg_port, user=env.pg_user,
+                             dbname=env.pg_database, connect_timeout=5,
+                             application_name="outbox-integration-failure",
+                             options="-c statement_timeout=5000 -c lock_timeout=2000")
+        c.autocommit = True
+        try:
+            with c.cursor() as cur:
+                for title, sql in (("outbox.status", "SELECT * FROM outbox.status"),
+                                   ("outbox.cluster_status()", "SELECT * FROM outbox.cluster_status()")):
+                    try:
+                        parts.append(f"--- {title}\n" + _rows_text(cur, sql))
+                    except psycopg2.Error as e:
+                        parts.append(f"--- {title}: {str(e).strip()}")
+        finally:
+            c.close()
+    except psycopg2.Error as e:
+        parts.append(f"--- outbox.status: no connection to {env.pg_host}:{env.pg_port}: {str(e).strip()}")
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.failed or getattr(item, "_outbox_context_reported", False):
+        return
+    item._outbox_context_reported = True
+    try:
+        env = getattr(item, "funcargs", {}).get("env") or load_env()
+        text = failure_context(env)
+    except Exception as e:  # noqa: BLE001  never hide the failure itself
+        text = f"(no context: {type(e).__name__}: {e})"
+    rep.sections.append(("outbox: server log tail and relay status", text))
+# =========================================================================== end of issue 28 section
