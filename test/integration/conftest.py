@@ -684,4 +684,15 @@ def pytest_runtest_makereport(item, call):
     except Exception as e:  # noqa: BLE001  never hide the failure itself
         text = f"(no context: {type(e).__name__}: {e})"
     rep.sections.append(("outbox: server log tail and relay status", text))
+
+
+def poll_until(pred: Callable[[], object], timeout: float, interval: float = 0.05):
+    """Call pred until it returns something truthy or timeout passed; return its last value.
+    For a wait whose end is not a failure (wait_until's is)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)
 # =========================================================================== end of issue 28 section
