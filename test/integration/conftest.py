@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional
 
 import psycopg2
 import pytest
-from confluent_kafka import Consumer, KafkaError, TIMESTAMP_CREATE_TIME
+from confluent_kafka import Consumer, KafkaError, TIMESTAMP_CREATE_TIME, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -337,6 +337,7 @@ class TopicReader:
         self.offsets = set()        # (topic, partition, offset) of every message seen
         self.errors: List[str] = []
         self.assigned = set()
+        self.settle_env = env       # whose relay settle() waits for (issue 28)
         self._lock = threading.Lock()
         self.consumer = Consumer({
             "bootstrap.servers": env.bootstrap,
@@ -387,13 +388,12 @@ class TopicReader:
         wait_until(done, timeout, f"consumer assignment of {want} partitions", interval=0)
 
     def read_until(self, expected: int, timeout: float, extra: float = 3.0) -> List[Received]:
-        """Poll until `expected` messages arrived or timeout, then `extra` more seconds."""
+        """Poll until `expected` messages arrived or timeout, then until the relay has settled
+        and everything the topics hold is read, for at most `extra` more seconds (settle())."""
         deadline = time.monotonic() + timeout
         while self.count() < expected and time.monotonic() < deadline:
             self.poll(0.2)
-        end = time.monotonic() + extra
-        while time.monotonic() < end:
-            self.poll(0.2)
+        settle(self, extra, lambda: self.poll(0.1))
         return self.snapshot()
 
     def snapshot(self) -> List[Received]:
@@ -695,4 +695,54 @@ def poll_until(pred: Callable[[], object], timeout: float, interval: float = 0.0
         if v or time.monotonic() >= deadline:
             return v
         time.sleep(interval)
+
+
+# Waiting for duplicates and extras.  A reader that has seen what it expected kept reading for a
+# fixed `extra` number of seconds, in case a copy or an unexpected event still came.  Copies come
+# from a relay that sends again what it did not mark published: once the relay of the cluster
+# the events came from (reader.settle_env) has nothing pending (every event it sent is marked),
+# nothing more can come, and what has come is in the topics up to their current end offsets.
+# settle() waits for exactly that, for at most `extra` seconds: a relay that keeps events
+# pending on purpose (paused, held behind a failed one) gets the whole `extra`, as before.
+
+def relay_settled(env: Env) -> bool:
+    """The relays of env's database have no pending event (outbox.status)."""
+    try:
+        c = pg_connect(env)
+        try:
+            rows = relay_status(c)
+        finally:
+            c.close()
+    except psycopg2.Error:
+        return False
+    return bool(rows) and all(r["pending"] == 0 for r in rows)
+
+
+def caught_up(consumer, partitions) -> bool:
+    """The consumer's position is at the end offset of each (topic, partition) that holds
+    messages (the position passes transaction markers, a last offset seen would not)."""
+    for topic, part in partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=5, cached=False)
+        if high <= low:
+            continue
+        pos = consumer.position([TopicPartition(topic, part)])[0].offset
+        if pos < high:
+            return False
+    return True
+
+
+def settle(reader, extra: float, poll: Callable[[], object]):
+    """Wait until reader.settle_env's relay has settled and reader read every message its topics
+    hold, for at most extra seconds; poll() reads meanwhile (or sleeps, for a reader polled in
+    the background)."""
+    deadline = time.monotonic() + extra
+    while time.monotonic() < deadline:
+        if relay_settled(reader.settle_env):
+            break
+        poll()
+    else:
+        return
+    partitions = sorted(reader.assigned)
+    while time.monotonic() < deadline and not caught_up(reader.consumer, partitions):
+        poll()
 # =========================================================================== end of issue 28 section

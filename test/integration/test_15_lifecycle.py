@@ -16,8 +16,8 @@ from pathlib import Path
 
 from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type,
                       order_problems, pg_connect, pg_sh, query, query_one, relay_status, report,
-                      topic_prefix, unique_messages, wait_relay_ready, wait_until)
-from helpers_lifecycle import (Emitter, connect_db, count_check, error_lines_of, expected_map,
+                      settle, topic_prefix, unique_messages, wait_relay_ready, wait_until)
+from helpers_lifecycle import (Emitter, connect_db, count_check, db_env, error_lines_of, expected_map,
                                extra_cluster, id_counts, order_violations, relay_exit_lines,
                                relay_pids, relay_state, server_crashes, set_system, timed,
                                topic_message_count)
@@ -83,16 +83,15 @@ def wait_state(probe, state, timeout=30):
 
 
 def read_ids(reader, ids, timeout, extra=2.0):
-    """Poll until every id in ids arrived (or timeout), then `extra` seconds more."""
+    """Poll until every id in ids arrived (or timeout), then until the relay settled and the
+    topic is read to its end, for at most `extra` seconds (conftest.settle)."""
     ids = set(ids)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         reader.poll(0.2)
         if ids <= {m.event_id for m in reader.snapshot()}:
             break
-    end = time.monotonic() + extra
-    while time.monotonic() < end:
-        reader.poll(0.2)
+    settle(reader, extra, lambda: reader.poll(0.1))
     return reader.snapshot()
 
 
@@ -113,6 +112,7 @@ def test_preloaded_before_create_extension_waits_then_publishes(env, reader_fact
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = other      # its events come from that cluster's relay
         t0 = time.time()
         query(c, "CREATE EXTENSION outbox")
         e = pg_connect(other, autocommit=False)
@@ -150,6 +150,7 @@ def test_drop_extension_while_relaying_then_create_again(env, reader_factory):
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = other      # its events come from that cluster's relay
         watcher = LogWatcher(other)
 
         em = Emitter(other, agg_type, 8, "drop")
@@ -266,6 +267,7 @@ def test_database_missing_or_closed_waits_without_crash_loop(env, reader_factory
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = db_env(other, later)   # the relay there serves that database
 
         # the database appears but does not accept connections yet (e.g. while it is restored):
         # the worker can only wait, as for a missing one; it must not restart every few seconds

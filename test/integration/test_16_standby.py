@@ -41,6 +41,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         topic = topic_prefix(pc) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = primary     # its events come from that cluster's relay
 
         pc.autocommit = False
         published = emit_round_robin(pc, agg_type, N_AGGREGATES, PUBLISHED_PER_AGG, "sb")
@@ -102,6 +103,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         assert query_one(sc, "SELECT pg_promote(true, 60)")[0] is True
         promoted_s = time.time() - t0
         st = wait_relay_ready(standby, timeout=60)
+        reader.settle_env = standby     # the promoted standby's relay sends from now on
         expected = {e: (a, s) for e, a, s in published + pending}
         raw = reader.read_until(len(expected), timeout=60, extra=2)
         msgs = unique_messages(raw)

@@ -676,6 +676,7 @@ def test_restore_into_another_cluster(env, conn, prefix, reader_factory, snapsho
     with extra_cluster(env, "snaprestore", 28, database=RESTORE_DB) as target:
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = target      # the restored events come from that cluster's relay
         conn.autocommit = False
         published = emit_round_robin(conn, agg_type, 4, 3, "s")
         conn.autocommit = True
