@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import (LogWatcher, create_topics, kafka_sh, new_aggregate_type, pg_connect, pg_sh,
-                      query, query_one, relay_status, report, set_conf, topic_prefix, wait_relay_ready,
-                      wait_until)
+                      poll_until, query, query_one, relay_status, report, set_conf, topic_prefix,
+                      wait_relay_ready, wait_until)
 from helpers_crash import (EmitLoad, LightReader, StatusMonitor, Watermarks, assert_delivered,
                            delivery_check, kill9, log_marker, unpublished_upto)
 
@@ -423,8 +423,15 @@ def test_broker_lost_in_the_middle_of_a_batch(env, prefix):
         kafka_sh(env, "stop")           # "not running": only to have its view of it
         phases["stopped"] = time.monotonic() - t0
         wall_down = time.time()
-        # the rest of the batch times out after outbox.delivery_timeout; give it 3 times that
-        time.sleep(3 * MID_BATCH_TIMEOUT_MS / 1000 + 3)
+        # the rest of the batch times out after outbox.delivery_timeout, then is tried again after
+        # its backoff and times out again: once every unpublished event failed and one failed
+        # twice, the relay has gone round its loop with Kafka down (3 delivery timeouts at most)
+        def failed_twice():
+            untried, most = query_one(conn, "SELECT count(*) FILTER (WHERE NOT outbox.published(events)"
+                                            " AND attempts = 0), max(attempts) FROM outbox.events"
+                                            " WHERE aggregate_type = %s", (agg_type,))
+            return untried == 0 and (most or 0) >= 2
+        poll_until(failed_twice, 3 * MID_BATCH_TIMEOUT_MS / 1000 + 3, interval=0.2)
         st = relay_status(conn)[0]
         published, tried = query_one(conn, "SELECT count(*) FILTER (WHERE outbox.published(events)), count(*) FILTER (WHERE attempts > 0)"
                                            " FROM outbox.events WHERE aggregate_type = %s", (agg_type,))
