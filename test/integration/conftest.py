@@ -736,8 +736,9 @@ def settle(reader, extra: float, poll: Callable[[], object]):
     hold, for at most extra seconds; poll() reads meanwhile (or sleeps, for a reader polled in
     the background)."""
     deadline = time.monotonic() + extra
+    settle_env = getattr(reader, "settle_env", None)    # a reader made some other way: the whole extra
     while time.monotonic() < deadline:
-        if relay_settled(reader.settle_env):
+        if settle_env is not None and relay_settled(settle_env):
             break
         poll()
     else:

@@ -117,6 +117,7 @@ class AssignedReader(TopicReader):
         self.offsets = set()
         self.errors = []
         self.assigned = set()
+        self.settle_env = env       # whose relay conftest.settle() waits for
         self._lock = threading.Lock()
         self.consumer = Consumer({
             "bootstrap.servers": env.bootstrap,
