@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional
 
 import psycopg2
 import pytest
-from confluent_kafka import Consumer, KafkaError, TIMESTAMP_CREATE_TIME, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TIMESTAMP_CREATE_TIME, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -720,14 +720,18 @@ def relay_settled(env: Env) -> bool:
 
 def caught_up(consumer, partitions) -> bool:
     """The consumer's position is at the end offset of each (topic, partition) that holds
-    messages (the position passes transaction markers, a last offset seen would not)."""
-    for topic, part in partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=5, cached=False)
-        if high <= low:
-            continue
-        pos = consumer.position([TopicPartition(topic, part)])[0].offset
-        if pos < high:
-            return False
+    messages (the position passes transaction markers, a last offset seen would not).  False
+    while a broker cannot say (a restarted broker's leaders not elected yet, say)."""
+    try:
+        for topic, part in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=5, cached=False)
+            if high <= low:
+                continue
+            pos = consumer.position([TopicPartition(topic, part)])[0].offset
+            if pos < high:
+                return False
+    except KafkaException:
+        return False
     return True
 
 
