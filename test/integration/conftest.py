@@ -715,7 +715,7 @@ def relay_settled(env: Env) -> bool:
             c.close()
     except psycopg2.Error:
         return False
-    return bool(rows) and all(r["pending"] == 0 for r in rows)
+    return bool(rows) and all(r.get("pending") == 0 for r in rows)
 
 
 def caught_up(consumer, partitions) -> bool:
