@@ -335,10 +335,13 @@ drops_outbox(DropStmt *stmt)
 }
 
 /*
- * DROP EXTENSION outbox by its owner: take the lock the DROP will take on
- * outbox.events before the events are counted.  Counted first, an event
- * committed while the DROP waited for that lock (behind a session still
- * emitting) was dropped with the table and missing from the WARNING.  Only
+ * DROP EXTENSION outbox by its owner: take the locks the DROP will take, on
+ * the extension and then on outbox.events, before the events are counted.
+ * Counted first, an event committed while the DROP waited for them (behind
+ * a session still emitting) was dropped with the table and missing from the
+ * WARNING.  The extension's lock comes first, as in the DROP itself and in
+ * every relay batch (outbox_lock_events_table): the table's first made a
+ * relay batch and the DROP each hold the lock the other waited for.  Only
  * for the extension's owner: anyone else's DROP fails, and must not hold
  * up emitting sessions on its way there.
  */
@@ -352,6 +355,7 @@ lock_events_for_drop(void)
 	if (!OidIsValid(extoid) || !OidIsValid(nspoid) ||
 		!outbox_extension_ownercheck(extoid, GetUserId()))
 		return;
+	LockDatabaseObject(ExtensionRelationId, extoid, 0, AccessExclusiveLock);
 	relid = get_relname_relid(OUTBOX_EVENTS_TABLE, nspoid);
 	if (OidIsValid(relid))
 		LockRelationOid(relid, AccessExclusiveLock);
