@@ -38,6 +38,7 @@ from conftest import (LogWatcher, create_topics, delivery_errors, emit_round_rob
 from helpers_lifecycle import (PG_BINDIR, Emitter, connect_db, count_check, error_lines_of,
                                extra_cluster, id_counts, order_violations,
                                relay_exit_lines, relay_pids, server_crashes, set_system, timed)
+from helpers_faults import wait_setting
 from helpers_security import unique
 
 RESTORE_DB = "outbox_restored"
@@ -332,17 +333,51 @@ def test_data_only_restore_from_another_cluster_keeps_the_targets_pending_events
     agg_type = new_aggregate_type("foreign")
     topic = prefix + agg_type
     dump_file = Path(env.pg_dir + "-foreign.dump")
-    wait_until(lambda: query_one(conn, "SELECT snapshot IS NOT NULL FROM outbox.relay_progress")[0],
-               30, "this cluster's relay to record progress")
-    source_snapshot = query_one(conn, "SELECT snapshot::text FROM outbox.relay_progress")[0]
+    # the finding is the snapshot relay's: on the majors whose clusters run relay_mode = row
+    # (test/run.sh), both clusters of this test switch to snapshot for it
+    configured = query_one(conn, "SHOW outbox.relay_mode")[0]
+    try:
+        source_snapshot = snapshot_progress(env, conn, agg_type, topic)
+        foreign_restore_check(env, agg_type, topic, dump_file, source_snapshot, reader_factory)
+    finally:
+        set_system(conn, "outbox.relay_mode", None)
+        wait_setting(conn, "relay_mode", configured)
+
+
+def snapshot_progress(env, conn, agg_type: str, topic: str) -> str:
+    """The snapshot of this cluster's progress row, with relay_mode = snapshot: an event emitted
+    after the switch makes the relay record one (row mode leaves the column NULL)."""
+    set_system(conn, "outbox.relay_mode", "snapshot")
+    wait_setting(conn, "relay_mode", "snapshot")
+    create_topics(env, [topic])
+    # a busier source: its snapshot must cover every xid the new cluster will use (a cluster
+    # that ran only this test is as young as the other one)
+    query(conn, "DO $$ BEGIN WHILE pg_current_xact_id()::text::bigint < 5000 LOOP COMMIT; END LOOP; END $$")
+
+    def recorded():
+        c = pg_connect(env)
+        try:
+            query_one(c, "SELECT outbox.emit(%s, 'src', 'it.src', '{}', NULL, %s)", (agg_type, topic))
+            rows = query(c, "SELECT snapshot::text FROM outbox.relay_progress"
+                            " WHERE pg_snapshot_xmin(snapshot)::text::bigint >= 5000")
+            return rows[0] if rows else None
+        finally:
+            c.close()
+    return wait_until(recorded, 60, "this cluster's relay to record a snapshot progress", interval=2)[0]
+
+
+def foreign_restore_check(env, agg_type, topic, dump_file, source_snapshot, reader_factory):
     d = pg_tool("pg_dump", "-Fc", "--data-only", "-t", "outbox.relay_progress", "-h", env.pg_host,
                 "-p", str(env.pg_port), "-U", env.pg_user, "-d", env.pg_database, "-f", str(dump_file))
     assert d.returncode == 0, d.stderr
     with extra_cluster(env, "foreign", 30, database="postgres") as other:
         c = wait_until(lambda: pg_connect(other), 30, "a connection")
+        set_system(c, "outbox.relay_mode", "snapshot")
+        wait_setting(c, "relay_mode", "snapshot")
+        c.close()
+        c = pg_connect(other)       # a session that has the setting for its emit()
         query(c, "CREATE EXTENSION outbox")
         wait_relay_ready(other)
-        create_topics(env, [topic])
         reader = reader_factory([topic])
         first = query_one(c, "SELECT outbox.emit(%s, 'f0', 'it.own', '{}', NULL, %s)::text", (agg_type, topic))[0]
         wait_until(lambda: query_one(c, "SELECT snapshot IS NOT NULL FROM outbox.relay_progress")[0]
