@@ -53,6 +53,8 @@ DBZ_LATENCY_POLL_MS = env_int("BENCH_DBZ_POLL_MS", 10)
 # section 3: topics stamped by the broker; the C consumer run.sh builds; the old batch consumer
 LAT_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 LAT_C_CONSUMER = env_str("BENCH_LAT_C_CONSUMER", "")
+# section 2's librdkafka-alone producer (bench/load/produce_alone.c, built by run.sh)
+PRODUCE_ALONE = env_str("BENCH_PRODUCE_ALONE", "")
 LAT_BATCH_CONSUMER = env_int("BENCH_LAT_BATCH_CONSUMER", 0)
 LAT_SYSTEMS = [x for x in env_str("BENCH_LAT_SYSTEMS", "ext,dbz,poller").split(",") if x]
 # extra librdkafka properties for the relay during section 3 (outbox.kafka_properties), e.g. to
@@ -547,8 +549,11 @@ class Bench:
         d2["cleanup_wait_s"] = self.wait_cleanup("r60b", retention + 600)
         d2["size_after_retention"] = self.sizes("outbox.events")
         out["retention_60_second"] = d2
+        alone = []
+        if PRODUCE_ALONE:
+            alone.append(self.librdkafka_alone("pa1"))
         if self.has_relay_mode:
-            # Relay v2 (1.4): the same drains with events tracked by snapshot
+            # the default relay (relay_mode = snapshot, 1.4): the headline drains
             d = self.ext_drain("s60", None, mode="snapshot")
             log("  [s60] waiting for the retention cleanup (%d s after creation)" % retention)
             d["cleanup_wait_s"] = self.wait_cleanup("s60", retention + 600)
@@ -561,6 +566,44 @@ class Bench:
             self.set_relay_mode(None)
         self.set_retention(None)
         self.res["sections"]["2a_4_extension_drain"] = out
+        if PRODUCE_ALONE:
+            alone.append(self.librdkafka_alone("pa2"))
+            batched = self.librdkafka_alone("pab", batch=int(self.q1("SHOW outbox.batch_size")))
+            best = max(alone, key=lambda r: r["events_per_s"])
+            self.res["sections"]["2d_librdkafka_alone"] = {
+                "stream": dict(best, all_events_per_s=[r["events_per_s"] for r in alone]),
+                "batched": batched,
+                "what": "`bench/load/produce_alone.c` (librdkafka %s) produced the same %d messages (keys over %d "
+                        "aggregates, the relay's three headers, the payload as jsonb prints it, %.0f bytes) with the "
+                        "relay's producer settings to the same broker, best of %d runs (%s events/s) before and after "
+                        "the extension's drains" % (self.res["environment"].get("librdkafka"), EVENTS, AGGREGATES,
+                                                     best["value_bytes"], len(alone),
+                                                     ", ".join("%.0f" % r["events_per_s"] for r in alone))}
+
+    def librdkafka_alone(self, label, batch=0):
+        """Section 2: librdkafka alone (bench/load/produce_alone.c) produces the messages of the
+        extension's drain, with the relay's producer settings, to a fresh topic of the same broker;
+        batch > 0: in batches of that many, each waited for until its delivery reports are in."""
+        topic = "outbox.event.bench_alone_%s" % label
+        common.create_topic(topic)
+        quiet = self.quiet_check("2a-" + label)
+        m = self.meter()
+        a = m.snap()
+        p = subprocess.run([PRODUCE_ALONE, common.kafka_bootstrap(), topic, str(EVENTS), str(AGGREGATES),
+                            "bench_alone_" + label, str(batch)], capture_output=True, text=True)
+        cpu = m.delta(a, m.snap())
+        if p.returncode != 0:
+            raise RuntimeError("produce_alone %s failed: %s" % (label, p.stderr[-2000:]))
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        r["messages_in_topic"] = common.topic_message_count(topic)
+        r["cpu"] = cpu
+        r["quiet"] = quiet
+        if r["messages_in_topic"] < EVENTS:
+            raise RuntimeError("produce_alone %s: topic holds %d of %d" % (label, r["messages_in_topic"], EVENTS))
+        log("  [%s] librdkafka alone%s: %d messages in %.2f s = %.0f/s (producer cpu %.1f s)"
+            % (label, " in batches of %d" % batch if batch else "", EVENTS, r["seconds"], r["events_per_s"],
+               r["cpu_s"]))
+        return r
 
     # ------------------------------------------------------------------ section 2b (Debezium)
 
@@ -1324,6 +1367,8 @@ class Bench:
             with open(path, "w") as f:
                 json.dump(self.res, f, indent=2)
             import report
+            # what the headline compares: the default relay (snapshot mode, every default)
+            self.res["headline"] = report.headline(self.res["sections"])
             md = report.render(self.res)
             with open(os.path.join(RESULTS, "latest.md"), "w") as f:
                 f.write(md)
