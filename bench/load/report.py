@@ -93,8 +93,12 @@ def render(r):
                  "used during each, are listed." % rounds)
         L.append("")
         L.append("| transaction | TPS (best) | avg latency ms | cost of (a) | all rounds: TPS (other cores during) "
-                 "| load avg / other cores before best |")
-        L.append("|---|---:|---:|---:|---|---|")
+                 "| Postgres CPU µs per transaction, each round | load avg / other cores before best |")
+        L.append("|---|---:|---:|---:|---|---|---|")
+
+        def cpu_cell(d):
+            us = d.get("all_cpu_us_per_txn")
+            return ", ".join("%.0f" % u for u in us) if us else "-"
 
         def rounds_cell(d):
             tps = d.get("all_tps", [d["tps"]])
@@ -113,10 +117,11 @@ def render(r):
                       "%.2f, %.2f" % (e["cost_emit_snapshot_vs_plain"], e["cost_emit_snapshot_vs_order"]))]
         for label, k, cost in rows:
             if k is None:
-                L.append("| %s | | | %s | | |" % (label, cost))
+                L.append("| %s | | | %s | | | |" % (label, cost))
                 continue
-            L.append("| %s | %s | %s | %s | %s | %s |" % (label, f(e[k]["tps"]), f(e[k]["latency_ms"], "%.2f"), cost,
-                                                       rounds_cell(e[k]), quiet_cell(e[k])))
+            L.append("| %s | %s | %s | %s | %s | %s | %s |" % (label, f(e[k]["tps"]), f(e[k]["latency_ms"], "%.2f"),
+                                                            cost, rounds_cell(e[k]), cpu_cell(e[k]),
+                                                            quiet_cell(e[k])))
         L.append("")
         if "emit_snapshot" in e:
             L.append("`emit()` over the same INSERT into a plain table: **%.2f×** with `relay_mode = row`, **%.2f×** "
