@@ -311,6 +311,12 @@ class Bench:
             os.remove(os.path.join(WORK, "dbz-offsets.dat"))
         with open(os.path.join(BENCH, "sql/setup.sql")) as f:
             self.q(f.read())
+        # section 5's anatomy of the table at the end of each case (contrib; optional)
+        try:
+            self.q("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            self.has_pgstattuple = True
+        except psycopg.Error:
+            self.has_pgstattuple = False
         if RELAY_KAFKA_PROPERTIES:
             self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % RELAY_KAFKA_PROPERTIES.replace("'", "''"))
             self.q("SELECT pg_reload_conf()")
@@ -1127,6 +1133,57 @@ class Bench:
                         "index_scans": int(scans.group(1)) if scans else None})
         return out
 
+    def vacuum_watch(self, t0, stop, out):
+        """Every VACUUM of outbox.events while the load runs, from pg_stat_progress_vacuum sampled
+        every 0.25 s: who ran it (autovacuum worker or the relay's outbox vacuum worker), when it
+        started and ended (to within a sample), the phases seen, the heap blocks it had to scan
+        and how many index passes it made.  A VACUUM shorter than a sample may be missed; the
+        vacuum counts of pg_stat_user_tables are exact."""
+        seen = {}
+        with psycopg.connect(common.pg_conninfo(), autocommit=True) as c:
+            while not stop.wait(0.25):
+                now = round(time.time() - t0, 2)
+                rows = c.execute(
+                    "SELECT p.pid, a.backend_type, p.phase, p.heap_blks_total, p.heap_blks_scanned,"
+                    "       p.index_vacuum_count, a.backend_start"
+                    "  FROM pg_stat_progress_vacuum p LEFT JOIN pg_stat_activity a ON a.pid = p.pid"
+                    " WHERE p.relid = 'outbox.events'::regclass").fetchall()
+                live = set()
+                for pid, btype, phase, total, scanned, passes, bstart in rows:
+                    key = (pid, bstart)
+                    live.add(key)
+                    v = seen.get(key)
+                    if v is None:
+                        v = seen[key] = {"by": btype, "start": now, "end": now, "phases": [],
+                                         "heap_blks_total": 0, "index_passes": 0}
+                        out.append(v)
+                    v["end"] = now
+                    if phase not in v["phases"]:
+                        v["phases"].append(phase)
+                    v["heap_blks_total"] = max(v["heap_blks_total"], total or 0)
+                    v["index_passes"] = max(v["index_passes"], passes or 0)
+                for key in [k for k in seen if k not in live]:
+                    seen[key]["done"] = True
+                    del seen[key]
+
+    def table_anatomy(self):
+        """What outbox.events is made of, by pgstattuple (a full read of the table and each index:
+        only once the load is over): the heap's live tuples, dead tuples and free space, and each
+        btree's leaf density, its empty and deleted pages.  None without pgstattuple."""
+        if not self.has_pgstattuple:
+            return None
+        h = self.q("SELECT table_len, tuple_count, tuple_len, dead_tuple_count, dead_tuple_len, free_space"
+                   "  FROM pgstattuple('outbox.events')")[0]
+        out = {"heap": {"bytes": h[0], "live_tuples": h[1], "live_bytes": h[2], "dead_tuples": h[3],
+                        "dead_bytes": h[4], "free_bytes": h[5]}, "indexes": {}}
+        for (name,) in self.q("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                              " WHERE i.indrelid = 'outbox.events'::regclass ORDER BY 1"):
+            r = self.q("SELECT index_size, leaf_pages, empty_pages, deleted_pages, avg_leaf_density,"
+                       "       leaf_fragmentation FROM pgstatindex(%s)", ("outbox." + name,))[0]
+            out["indexes"][name] = {"bytes": r[0], "leaf_pages": r[1], "empty_pages": r[2], "deleted_pages": r[3],
+                                    "avg_leaf_density": r[4], "leaf_fragmentation": r[5]}
+        return out
+
     def steady_vacuum(self, every, stop, log_):
         """vacuum_every: VACUUM outbox.events every `every` s (own connection, no cost delay)."""
         with psycopg.connect(common.pg_conninfo(), autocommit=True) as c:
@@ -1211,6 +1268,9 @@ class Bench:
         if case["vacuum_every"]:
             vac_thread = threading.Thread(target=self.steady_vacuum, args=(case["vacuum_every"], stop, vac_log))
             vac_thread.start()
+        vacuums = []
+        watcher = threading.Thread(target=self.vacuum_watch, args=(t0, stop, vacuums), daemon=True)
+        watcher.start()
         samples = []
 
         def peak_ratio(smps):
@@ -1263,6 +1323,7 @@ class Bench:
                 time.sleep(0.2)
         finally:
             stop.set()
+            watcher.join(5)
             if vac_thread is not None:
                 vac_thread.join()
             if loader.poll() is None:
@@ -1274,6 +1335,7 @@ class Bench:
         smp["committed"] = int(n_ev)
         samples.append(smp)
         peak_ratio(samples)
+        anatomy = self.table_anatomy()
         in_topic = common.topic_message_count(topic)
         published = self.q1("SELECT published FROM outbox.worker_status()") - published0
         load_samples = [x for x in samples if x["phase"] in ("load", "load end") and x["ratio"] is not None]
@@ -1314,6 +1376,7 @@ class Bench:
              "autovacuum_log": autovac, "manual_vacuums": len(vac_log),
              "manual_vacuum_seconds": vac_log, "max_probe_ms": max(x["probe_ms"] for x in samples),
              "end_exact": end.get("exact"), "end_exact_ratio": end.get("exact_ratio"),
+             "vacuums_seen": vacuums, "anatomy_end": anatomy,
              "runtime_s": round(time.time() - t0, 1), "cpu": cpu, "quiet": quiet, "samples": samples}
         log("  [%s] %s: %d events in %.1f s = %.0f/s (schedule lag max %.2f s); ratio max %s (t=%s s), end %s: %s; "
             "relay caught up %s s after the load; topic %d"

@@ -431,6 +431,42 @@ def render_steady(x):
                 % (v["ended_at"], v["elapsed_s"], v["removed"], v["not_yet_removable"], v["index_scans"])
                 for v in c["autovacuum_log"]) + ".")
             L.append("")
+        vs = c.get("vacuums_seen") or []
+        if vs:
+            def med(xs):
+                xs = sorted(xs)
+                return xs[len(xs) // 2] if xs else None
+            by = {}
+            for v in vs:
+                by.setdefault(v["by"] or "?", []).append(v)
+            parts = []
+            for who, lst in sorted(by.items()):
+                dur = [v["end"] - v["start"] for v in lst]
+                starts = sorted(v["start"] for v in lst)
+                gaps = [b - a for a, b in zip(starts, starts[1:])]
+                parts.append("%d by %s, running %s s at the median (max %s), one starting every %s s at the median, "
+                             "heap blocks to scan median %s, index passes %s"
+                             % (len(lst), who, f(med(dur), "%.2f"), f(max(dur), "%.2f"), f(med(gaps), "%.1f"),
+                                med([v["heap_blks_total"] for v in lst]),
+                                "/".join(str(n) for n in sorted(set(v["index_passes"] for v in lst)))))
+            L.append("VACUUMs of outbox.events seen in `pg_stat_progress_vacuum` (sampled every 0.25 s; duration "
+                     "to within a sample): " + "; ".join(parts) + ".")
+            L.append("")
+        an = c.get("anatomy_end")
+        if an:
+            h = an["heap"]
+            L.append("What the table holds at the end (`pgstattuple`, after the relay caught up): heap %s MB = live "
+                     "tuples %s MB (%d) + dead tuples %s MB (%d) + free space %s MB + page overhead %s MB."
+                     % (mb(h["bytes"]), mb(h["live_bytes"]), h["live_tuples"], mb(h["dead_bytes"]), h["dead_tuples"],
+                        mb(h["free_bytes"]), mb(h["bytes"] - h["live_bytes"] - h["dead_bytes"] - h["free_bytes"])))
+            L.append("")
+            L.append("| index | MB | leaf pages | avg leaf density % | empty pages | deleted pages | leaf fragmentation % |")
+            L.append("|---|---:|---:|---:|---:|---:|---:|")
+            for name, x in sorted(an["indexes"].items()):
+                L.append("| %s | %s | %d | %s | %d | %d | %s |" % (name, mb(x["bytes"]), x["leaf_pages"],
+                                                                   f(x["avg_leaf_density"]), x["empty_pages"],
+                                                                   x["deleted_pages"], f(x["leaf_fragmentation"])))
+            L.append("")
         if c.get("manual_vacuums"):
             L.append("The bench's own VACUUMs: %d, taking %s s." % (c["manual_vacuums"], ", ".join(
                 "%.1f" % v for v in c["manual_vacuum_seconds"])))
