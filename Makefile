@@ -26,7 +26,7 @@ PG_CPPFLAGS += -I$(srcdir)/src
 PG_CFLAGS += -Wextra -Wno-unused-parameter
 
 # pg_regress reads test/sql/*.sql; test/expected is a link to the top-level expected/
-REGRESS = emit capture ops trace bytes cloudevents
+REGRESS = emit capture ops trace bytes cloudevents uuidv7
 REGRESS_OPTS = --inputdir=test --outputdir=test/out
 
 PG_CONFIG ?= pg_config

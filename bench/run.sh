@@ -129,6 +129,10 @@ if [[ $NEED_DBZ == 1 ]]; then build_debezium; fi
 cc -O2 -Wall -o "$BENCH_WORK_DIR/lat_consumer" "$BENCH_DIR/load/lat_consumer.c" -lrdkafka \
     || die "cannot build bench/load/lat_consumer.c (librdkafka-dev)"
 export BENCH_LAT_C_CONSUMER="$BENCH_WORK_DIR/lat_consumer"
+# section 2's limit: librdkafka alone, producing the drain's messages with the relay's settings
+cc -O2 -Wall -o "$BENCH_WORK_DIR/produce_alone" "$BENCH_DIR/load/produce_alone.c" -lrdkafka \
+    || die "cannot build bench/load/produce_alone.c (librdkafka-dev)"
+export BENCH_PRODUCE_ALONE="$BENCH_WORK_DIR/produce_alone"
 
 trap stop_servers EXIT
 trap 'exit 130' INT TERM

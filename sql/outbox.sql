@@ -60,6 +60,25 @@ END
 $guard$;
 
 /*
+ * outbox.uuidv7(): time-ordered event ids (UUID version 7, RFC 9562), the
+ * default of outbox.events.event_id since 1.8.  Implemented in C
+ * (src/write/event_id.c) so that 15 to 17, which have no uuidv7(), get the
+ * same ids as 18: a random id (version 4) inserts into a random page of the
+ * unique index, a time-ordered one into its rightmost page.  Unlike the
+ * other functions it is neither SECURITY DEFINER nor pins search_path: it
+ * runs no SQL and reads nothing, and as a column default it is called for
+ * every row, where a pinned setting would cost each INSERT a GUC save and
+ * restore.  Not granted to PUBLIC either (see below).
+ */
+CREATE FUNCTION outbox.uuidv7()
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_uuidv7'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+COMMENT ON FUNCTION outbox.uuidv7() IS
+'Returns a new time-ordered UUID (version 7, RFC 9562): 48 bits of Unix time in milliseconds, 12 bits of the millisecond''s fraction, 62 random bits. The ids of one session increase strictly; across sessions they are ordered by time to within the clocks'' resolution. The default of outbox.events.event_id (since 1.8). Callers need EXECUTE (not granted to PUBLIC).';
+
+/*
  * The outbox table.  Rows are written by outbox.emit() in the caller's
  * transaction and read, in id order, by the relay worker.  It is a normal,
  * WAL-logged table: an unlogged outbox would lose events on a crash.
@@ -75,7 +94,7 @@ $guard$;
  */
 CREATE TABLE outbox.events (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    event_id        uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid() UNIQUE,
+    event_id        uuid NOT NULL DEFAULT outbox.uuidv7() UNIQUE,
     aggregate_type  text NOT NULL,
     aggregate_id    text NOT NULL,
     event_type      text NOT NULL,
@@ -128,7 +147,7 @@ COMMENT ON TABLE outbox.events IS
 COMMENT ON COLUMN outbox.events.id IS
 'Relay order: the worker claims unpublished rows in ascending id. Assigned from an identity sequence.';
 COMMENT ON COLUMN outbox.events.event_id IS
-'Globally unique event id, sent as the Kafka header "id"; consumers de-duplicate on it (delivery is at-least-once).';
+'Globally unique event id, sent as the Kafka header "id"; consumers de-duplicate on it (delivery is at-least-once). Time-ordered (UUID version 7, outbox.uuidv7()) since 1.8; events written before are random (version 4).';
 COMMENT ON COLUMN outbox.events.aggregate_type IS
 'Kind of aggregate the event belongs to (e.g. order). Sent as header "aggregate_type"; when topic is NULL the topic is outbox.topic_prefix || aggregate_type.';
 COMMENT ON COLUMN outbox.events.aggregate_id IS
@@ -515,6 +534,7 @@ REVOKE ALL ON TABLE outbox.events FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.relay FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.relay_progress FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.published(outbox.events) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.uuidv7() FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.status FROM PUBLIC;
 
 /* monitoring: pg_monitor may read the status, nothing else */

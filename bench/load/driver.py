@@ -53,6 +53,8 @@ DBZ_LATENCY_POLL_MS = env_int("BENCH_DBZ_POLL_MS", 10)
 # section 3: topics stamped by the broker; the C consumer run.sh builds; the old batch consumer
 LAT_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 LAT_C_CONSUMER = env_str("BENCH_LAT_C_CONSUMER", "")
+# section 2's librdkafka-alone producer (bench/load/produce_alone.c, built by run.sh)
+PRODUCE_ALONE = env_str("BENCH_PRODUCE_ALONE", "")
 LAT_BATCH_CONSUMER = env_int("BENCH_LAT_BATCH_CONSUMER", 0)
 LAT_SYSTEMS = [x for x in env_str("BENCH_LAT_SYSTEMS", "ext,dbz,poller").split(",") if x]
 # extra librdkafka properties for the relay during section 3 (outbox.kafka_properties), e.g. to
@@ -309,6 +311,12 @@ class Bench:
             os.remove(os.path.join(WORK, "dbz-offsets.dat"))
         with open(os.path.join(BENCH, "sql/setup.sql")) as f:
             self.q(f.read())
+        # section 5's anatomy of the table at the end of each case (contrib; optional)
+        try:
+            self.q("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            self.has_pgstattuple = True
+        except psycopg.Error:
+            self.has_pgstattuple = False
         if RELAY_KAFKA_PROPERTIES:
             self.q("ALTER SYSTEM SET outbox.kafka_properties = '%s'" % RELAY_KAFKA_PROPERTIES.replace("'", "''"))
             self.q("SELECT pg_reload_conf()")
@@ -366,6 +374,9 @@ class Bench:
                             "-T", str(PGBENCH_SECONDS), "-D", "aggregates=%d" % AGGREGATES,
                             "-f", os.path.join(BENCH, "sql", script)],
                            capture_output=True, text=True)
+        # the backends' CPU counts once the postmaster has reaped them (cutime): they exit
+        # after pgbench does
+        time.sleep(0.5)
         cpu = m.delta(a, m.snap())
         if p.returncode != 0:
             raise RuntimeError("pgbench %s failed: %s" % (name, p.stderr[-2000:]))
@@ -418,7 +429,11 @@ class Bench:
         for name, rs in runs.items():
             best = max(rs, key=lambda r: r["tps"])
             out[name] = dict(best, all_tps=[r["tps"] for r in rs],
-                             all_other_cores=[r["cpu"]["other_cores"] for r in rs])
+                             all_other_cores=[r["cpu"]["other_cores"] for r in rs],
+                             # CPU of the whole cluster per transaction: less moved by other users
+                             # of the machine than TPS (which they slow down), though not immune
+                             all_cpu_us_per_txn=[round(r["cpu"]["postgres"] * 1e6 / r["transactions"], 1)
+                                                 for r in rs])
         out["rounds"] = PGBENCH_ROUNDS
         out["cost_emit_vs_plain"] = round(out["plain"]["tps"] / out["emit"]["tps"], 3)
         out["cost_emit_vs_order"] = round(out["order"]["tps"] / out["emit"]["tps"], 3)
@@ -547,8 +562,11 @@ class Bench:
         d2["cleanup_wait_s"] = self.wait_cleanup("r60b", retention + 600)
         d2["size_after_retention"] = self.sizes("outbox.events")
         out["retention_60_second"] = d2
+        alone = []
+        if PRODUCE_ALONE:
+            alone.append(self.librdkafka_alone("pa1"))
         if self.has_relay_mode:
-            # Relay v2 (1.4): the same drains with events tracked by snapshot
+            # the default relay (relay_mode = snapshot, 1.4): the headline drains
             d = self.ext_drain("s60", None, mode="snapshot")
             log("  [s60] waiting for the retention cleanup (%d s after creation)" % retention)
             d["cleanup_wait_s"] = self.wait_cleanup("s60", retention + 600)
@@ -561,6 +579,44 @@ class Bench:
             self.set_relay_mode(None)
         self.set_retention(None)
         self.res["sections"]["2a_4_extension_drain"] = out
+        if PRODUCE_ALONE:
+            alone.append(self.librdkafka_alone("pa2"))
+            batched = self.librdkafka_alone("pab", batch=int(self.q1("SHOW outbox.batch_size")))
+            best = max(alone, key=lambda r: r["events_per_s"])
+            self.res["sections"]["2d_librdkafka_alone"] = {
+                "stream": dict(best, all_events_per_s=[r["events_per_s"] for r in alone]),
+                "batched": batched,
+                "what": "`bench/load/produce_alone.c` (librdkafka %s) produced the same %d messages (keys over %d "
+                        "aggregates, the relay's three headers, the payload as jsonb prints it, %.0f bytes) with the "
+                        "relay's producer settings to the same broker, best of %d runs (%s events/s) before and after "
+                        "the extension's drains" % (self.res["environment"].get("librdkafka"), EVENTS, AGGREGATES,
+                                                     best["value_bytes"], len(alone),
+                                                     ", ".join("%.0f" % r["events_per_s"] for r in alone))}
+
+    def librdkafka_alone(self, label, batch=0):
+        """Section 2: librdkafka alone (bench/load/produce_alone.c) produces the messages of the
+        extension's drain, with the relay's producer settings, to a fresh topic of the same broker;
+        batch > 0: in batches of that many, each waited for until its delivery reports are in."""
+        topic = "outbox.event.bench_alone_%s" % label
+        common.create_topic(topic)
+        quiet = self.quiet_check("2a-" + label)
+        m = self.meter()
+        a = m.snap()
+        p = subprocess.run([PRODUCE_ALONE, common.kafka_bootstrap(), topic, str(EVENTS), str(AGGREGATES),
+                            "bench_alone_" + label, str(batch)], capture_output=True, text=True)
+        cpu = m.delta(a, m.snap())
+        if p.returncode != 0:
+            raise RuntimeError("produce_alone %s failed: %s" % (label, p.stderr[-2000:]))
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        r["messages_in_topic"] = common.topic_message_count(topic)
+        r["cpu"] = cpu
+        r["quiet"] = quiet
+        if r["messages_in_topic"] < EVENTS:
+            raise RuntimeError("produce_alone %s: topic holds %d of %d" % (label, r["messages_in_topic"], EVENTS))
+        log("  [%s] librdkafka alone%s: %d messages in %.2f s = %.0f/s (producer cpu %.1f s)"
+            % (label, " in batches of %d" % batch if batch else "", EVENTS, r["seconds"], r["events_per_s"],
+               r["cpu_s"]))
+        return r
 
     # ------------------------------------------------------------------ section 2b (Debezium)
 
@@ -1077,6 +1133,57 @@ class Bench:
                         "index_scans": int(scans.group(1)) if scans else None})
         return out
 
+    def vacuum_watch(self, t0, stop, out):
+        """Every VACUUM of outbox.events while the load runs, from pg_stat_progress_vacuum sampled
+        every 0.25 s: who ran it (autovacuum worker or the relay's outbox vacuum worker), when it
+        started and ended (to within a sample), the phases seen, the heap blocks it had to scan
+        and how many index passes it made.  A VACUUM shorter than a sample may be missed; the
+        vacuum counts of pg_stat_user_tables are exact."""
+        seen = {}
+        with psycopg.connect(common.pg_conninfo(), autocommit=True) as c:
+            while not stop.wait(0.25):
+                now = round(time.time() - t0, 2)
+                rows = c.execute(
+                    "SELECT p.pid, a.backend_type, p.phase, p.heap_blks_total, p.heap_blks_scanned,"
+                    "       p.index_vacuum_count, a.backend_start"
+                    "  FROM pg_stat_progress_vacuum p LEFT JOIN pg_stat_activity a ON a.pid = p.pid"
+                    " WHERE p.relid = 'outbox.events'::regclass").fetchall()
+                live = set()
+                for pid, btype, phase, total, scanned, passes, bstart in rows:
+                    key = (pid, bstart)
+                    live.add(key)
+                    v = seen.get(key)
+                    if v is None:
+                        v = seen[key] = {"by": btype, "start": now, "end": now, "phases": [],
+                                         "heap_blks_total": 0, "index_passes": 0}
+                        out.append(v)
+                    v["end"] = now
+                    if phase not in v["phases"]:
+                        v["phases"].append(phase)
+                    v["heap_blks_total"] = max(v["heap_blks_total"], total or 0)
+                    v["index_passes"] = max(v["index_passes"], passes or 0)
+                for key in [k for k in seen if k not in live]:
+                    seen[key]["done"] = True
+                    del seen[key]
+
+    def table_anatomy(self):
+        """What outbox.events is made of, by pgstattuple (a full read of the table and each index:
+        only once the load is over): the heap's live tuples, dead tuples and free space, and each
+        btree's leaf density, its empty and deleted pages.  None without pgstattuple."""
+        if not self.has_pgstattuple:
+            return None
+        h = self.q("SELECT table_len, tuple_count, tuple_len, dead_tuple_count, dead_tuple_len, free_space"
+                   "  FROM pgstattuple('outbox.events')")[0]
+        out = {"heap": {"bytes": h[0], "live_tuples": h[1], "live_bytes": h[2], "dead_tuples": h[3],
+                        "dead_bytes": h[4], "free_bytes": h[5]}, "indexes": {}}
+        for (name,) in self.q("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                              " WHERE i.indrelid = 'outbox.events'::regclass ORDER BY 1"):
+            r = self.q("SELECT index_size, leaf_pages, empty_pages, deleted_pages, avg_leaf_density,"
+                       "       leaf_fragmentation FROM pgstatindex(%s)", ("outbox." + name,))[0]
+            out["indexes"][name] = {"bytes": r[0], "leaf_pages": r[1], "empty_pages": r[2], "deleted_pages": r[3],
+                                    "avg_leaf_density": r[4], "leaf_fragmentation": r[5]}
+        return out
+
     def steady_vacuum(self, every, stop, log_):
         """vacuum_every: VACUUM outbox.events every `every` s (own connection, no cost delay)."""
         with psycopg.connect(common.pg_conninfo(), autocommit=True) as c:
@@ -1161,6 +1268,9 @@ class Bench:
         if case["vacuum_every"]:
             vac_thread = threading.Thread(target=self.steady_vacuum, args=(case["vacuum_every"], stop, vac_log))
             vac_thread.start()
+        vacuums = []
+        watcher = threading.Thread(target=self.vacuum_watch, args=(t0, stop, vacuums), daemon=True)
+        watcher.start()
         samples = []
 
         def peak_ratio(smps):
@@ -1213,6 +1323,7 @@ class Bench:
                 time.sleep(0.2)
         finally:
             stop.set()
+            watcher.join(5)
             if vac_thread is not None:
                 vac_thread.join()
             if loader.poll() is None:
@@ -1224,6 +1335,7 @@ class Bench:
         smp["committed"] = int(n_ev)
         samples.append(smp)
         peak_ratio(samples)
+        anatomy = self.table_anatomy()
         in_topic = common.topic_message_count(topic)
         published = self.q1("SELECT published FROM outbox.worker_status()") - published0
         load_samples = [x for x in samples if x["phase"] in ("load", "load end") and x["ratio"] is not None]
@@ -1264,6 +1376,7 @@ class Bench:
              "autovacuum_log": autovac, "manual_vacuums": len(vac_log),
              "manual_vacuum_seconds": vac_log, "max_probe_ms": max(x["probe_ms"] for x in samples),
              "end_exact": end.get("exact"), "end_exact_ratio": end.get("exact_ratio"),
+             "vacuums_seen": vacuums, "anatomy_end": anatomy,
              "runtime_s": round(time.time() - t0, 1), "cpu": cpu, "quiet": quiet, "samples": samples}
         log("  [%s] %s: %d events in %.1f s = %.0f/s (schedule lag max %.2f s); ratio max %s (t=%s s), end %s: %s; "
             "relay caught up %s s after the load; topic %d"
@@ -1324,6 +1437,8 @@ class Bench:
             with open(path, "w") as f:
                 json.dump(self.res, f, indent=2)
             import report
+            # what the headline compares: the default relay (snapshot mode, every default)
+            self.res["headline"] = report.headline(self.res["sections"])
             md = report.render(self.res)
             with open(os.path.join(RESULTS, "latest.md"), "w") as f:
                 f.write(md)

@@ -20,6 +20,24 @@ def ratio(a, b):
     return "%.2f" % (a / b) if a and b else "-"
 
 
+def pct_of(a, b):
+    return "%.0f%%" % (100.0 * a / b) if a and b else "-"
+
+
+def headline(s):
+    """The drain rates the headline compares (events/s): the default relay (relay_mode = snapshot,
+    retention 60 s, every default), the row relay beside it, librdkafka alone, Debezium, the poller.
+    Results of before relay_mode (no snapshot_60) have only the row relay: default_relay is then
+    the row relay, which was the default of those versions."""
+    x = s.get("2a_4_extension_drain", {})
+    row = x.get("retention_60", {}).get("events_per_s")
+    snap = x.get("snapshot_60", {}).get("events_per_s")
+    return {"default_relay": snap or row, "row_relay": row if snap else None,
+            "librdkafka_alone": s.get("2d_librdkafka_alone", {}).get("stream", {}).get("events_per_s"),
+            "debezium": s.get("2b_debezium_drain", {}).get("events_per_s"),
+            "poller": s.get("2c_poller_drain", {}).get("events_per_s")}
+
+
 def quiet_cell(d):
     """Load average (1 min) and cores used by other processes, measured just before the run."""
     q = d.get("quiet") or {}
@@ -75,8 +93,12 @@ def render(r):
                  "used during each, are listed." % rounds)
         L.append("")
         L.append("| transaction | TPS (best) | avg latency ms | cost of (a) | all rounds: TPS (other cores during) "
-                 "| load avg / other cores before best |")
-        L.append("|---|---:|---:|---:|---|---|")
+                 "| Postgres CPU µs per transaction, each round | load avg / other cores before best |")
+        L.append("|---|---:|---:|---:|---|---|---|")
+
+        def cpu_cell(d):
+            us = d.get("all_cpu_us_per_txn")
+            return ", ".join("%.0f" % u for u in us) if us else "-"
 
         def rounds_cell(d):
             tps = d.get("all_tps", [d["tps"]])
@@ -95,10 +117,11 @@ def render(r):
                       "%.2f, %.2f" % (e["cost_emit_snapshot_vs_plain"], e["cost_emit_snapshot_vs_order"]))]
         for label, k, cost in rows:
             if k is None:
-                L.append("| %s | | | %s | | |" % (label, cost))
+                L.append("| %s | | | %s | | | |" % (label, cost))
                 continue
-            L.append("| %s | %s | %s | %s | %s | %s |" % (label, f(e[k]["tps"]), f(e[k]["latency_ms"], "%.2f"), cost,
-                                                       rounds_cell(e[k]), quiet_cell(e[k])))
+            L.append("| %s | %s | %s | %s | %s | %s | %s |" % (label, f(e[k]["tps"]), f(e[k]["latency_ms"], "%.2f"),
+                                                            cost, rounds_cell(e[k]), cpu_cell(e[k]),
+                                                            quiet_cell(e[k])))
         L.append("")
         if "emit_snapshot" in e:
             L.append("`emit()` over the same INSERT into a plain table: **%.2f×** with `relay_mode = row`, **%.2f×** "
@@ -107,15 +130,24 @@ def render(r):
             L.append("")
 
     drains = []
-    if "2a_4_extension_drain" in s:
-        x = s["2a_4_extension_drain"]
-        drains.append(("extension relay (retention 60 s, default)", x["retention_60"]))
-        drains.append(("extension relay (retention 0)", x["retention_0"]))
-        drains.append(("extension relay (retention 60 s, 2nd drain, no VACUUM)", x["retention_60_second"]))
-        if "snapshot_60" in x:
-            drains.append(("extension relay, relay_mode = snapshot (retention 60 s)", x["snapshot_60"]))
-            drains.append(("extension relay, relay_mode = snapshot (retention 60 s, 2nd drain)",
-                           x["snapshot_60_second"]))
+    x = s.get("2a_4_extension_drain", {})
+    # the default relay (relay_mode = snapshot, retention 60 s, every default) comes first and is
+    # what the headline ratios compare; the row relay (the 1.3 relay) is listed beside it, labelled
+    if "snapshot_60" in x:
+        drains.append(("**extension relay, defaults** (`relay_mode = snapshot`, retention 60 s)", x["snapshot_60"]))
+        drains.append(("extension relay, defaults, 2nd drain into the space the 1st left", x["snapshot_60_second"]))
+    if "retention_60" in x:
+        row = "`relay_mode = row`, " if "snapshot_60" in x else ""
+        drains.append(("extension relay, %sretention 60 s" % row, x["retention_60"]))
+        drains.append(("extension relay, %sretention 0" % row, x["retention_0"]))
+        drains.append(("extension relay, %sretention 60 s, 2nd drain, no VACUUM" % row, x["retention_60_second"]))
+    alone = s.get("2d_librdkafka_alone")
+    if alone:
+        drains.append(("librdkafka alone (`bench/load/produce_alone.c`: the same messages, the relay's producer "
+                       "settings, no database)", alone["stream"]))
+        if alone.get("batched"):
+            drains.append(("librdkafka alone, in batches of %d, each waiting for its delivery reports (the relay's "
+                           "cycle without the database)" % alone["batched"]["batch"], alone["batched"]))
     if "2b_debezium_drain" in s:
         drains.append(("Debezium embedded, pgoutput + EventRouter", s["2b_debezium_drain"]))
     if "2c_poller_drain" in s:
@@ -133,15 +165,23 @@ def render(r):
                                                            f(d["events_per_s"], "%.0f"), d.get("messages_in_topic"),
                                                            quiet_cell(d)))
         L.append("")
-        ext = s.get("2a_4_extension_drain", {}).get("retention_60", {}).get("events_per_s")
-        dbz = s.get("2b_debezium_drain", {}).get("events_per_s")
-        pol = s.get("2c_poller_drain", {}).get("events_per_s")
-        L.append("Ratios (extension at default retention): extension/poller = **%s**, extension/Debezium = **%s**."
-                 % (ratio(ext, pol), ratio(ext, dbz)))
-        snap = s.get("2a_4_extension_drain", {}).get("snapshot_60", {}).get("events_per_s")
-        if snap:
-            L.append("Relay v2 (relay_mode = snapshot, default retention): snapshot/Debezium = **%s**, "
-                     "snapshot/row (the 1.3 relay) = **%s**." % (ratio(snap, dbz), ratio(snap, ext)))
+        h = headline(s)
+        if h.get("default_relay"):
+            L.append("Headline, the default relay (`relay_mode = snapshot`, every default): extension/Debezium = "
+                     "**%s**, extension/poller = **%s**."
+                     % (ratio(h["default_relay"], h.get("debezium")), ratio(h["default_relay"], h.get("poller"))))
+        if h.get("row_relay"):
+            L.append("Beside it, `relay_mode = row` (the 1.3 relay, retention 60 s): row/Debezium = %s, row/poller = "
+                     "%s%s." % (ratio(h["row_relay"], h.get("debezium")), ratio(h["row_relay"], h.get("poller")),
+                                ", default/row = %s" % ratio(h["default_relay"], h["row_relay"])
+                                if h.get("default_relay") else ""))
+        if alone:
+            L.append("librdkafka alone: %s; the default relay's drain is **%s** of it (%s for its 2nd drain)."
+                     % (alone.get("what", "the same messages from a C program"),
+                        pct_of(h.get("default_relay"), h.get("librdkafka_alone")),
+                        pct_of(x.get("snapshot_60_second", {}).get("events_per_s"), h.get("librdkafka_alone"))))
+        dbz = h.get("debezium")
+        pol = h.get("poller")
         if dbz:
             d = s["2b_debezium_drain"]
             L.append("Debezium's time runs from the engine's start (after JVM start) to the last acknowledgement; "
@@ -165,9 +205,10 @@ def render(r):
                                           f(relay_us * 1e6 / d["events"], "%.1f") if relay_us else "-"))
         L.append("")
         if "2a_4_extension_drain" in s:
-            prof = s["2a_4_extension_drain"]["retention_60"].get("relay_activity_pct", {})
+            xd = s["2a_4_extension_drain"]
+            prof = (xd.get("snapshot_60") or xd["retention_60"]).get("relay_activity_pct", {})
             if prof:
-                L.append("Relay worker during the default-retention drain (pg_stat_activity every 100 ms; "
+                L.append("Relay worker during the default relay's drain (pg_stat_activity every 100 ms; "
                          "activity | wait event, `CPU` = no wait event):")
                 L.append("")
                 L.append("| relay activity | wait | % of samples |")
@@ -295,10 +336,11 @@ def render(r):
         def row(case, moment, z):
             L.append("| %s | %s | %s | %s | %s | %s | %s |" % (case, moment, mb(z["table_bytes"]), mb(z["index_bytes"]),
                                                            z["rows"], z["n_dead_tup"], z["autovacuum_count"]))
-        for case, key in (("retention 0", "retention_0"), ("retention 60 s", "retention_60"),
-                          ("retention 60 s, 2nd drain", "retention_60_second"),
-                          ("snapshot, retention 60 s", "snapshot_60"),
-                          ("snapshot, retention 60 s, 2nd drain", "snapshot_60_second")):
+        rm = "row, " if "snapshot_60" in x else ""
+        for case, key in (("defaults (snapshot), retention 60 s", "snapshot_60"),
+                          ("defaults (snapshot), retention 60 s, 2nd drain", "snapshot_60_second"),
+                          (rm + "retention 0", "retention_0"), (rm + "retention 60 s", "retention_60"),
+                          (rm + "retention 60 s, 2nd drain", "retention_60_second")):
             if key not in x:
                 continue
             d = x[key]
@@ -388,6 +430,42 @@ def render_steady(x):
                 "ended at %.0f s, took %.1f s, removed %s, dead but not yet removable %s, index scans %s"
                 % (v["ended_at"], v["elapsed_s"], v["removed"], v["not_yet_removable"], v["index_scans"])
                 for v in c["autovacuum_log"]) + ".")
+            L.append("")
+        vs = c.get("vacuums_seen") or []
+        if vs:
+            def med(xs):
+                xs = sorted(xs)
+                return xs[len(xs) // 2] if xs else None
+            by = {}
+            for v in vs:
+                by.setdefault(v["by"] or "?", []).append(v)
+            parts = []
+            for who, lst in sorted(by.items()):
+                dur = [v["end"] - v["start"] for v in lst]
+                starts = sorted(v["start"] for v in lst)
+                gaps = [b - a for a, b in zip(starts, starts[1:])]
+                parts.append("%d by %s, running %s s at the median (max %s), one starting every %s s at the median, "
+                             "heap blocks to scan median %s, index passes %s"
+                             % (len(lst), who, f(med(dur), "%.2f"), f(max(dur), "%.2f"), f(med(gaps), "%.1f"),
+                                med([v["heap_blks_total"] for v in lst]),
+                                "/".join(str(n) for n in sorted(set(v["index_passes"] for v in lst)))))
+            L.append("VACUUMs of outbox.events seen in `pg_stat_progress_vacuum` (sampled every 0.25 s; duration "
+                     "to within a sample): " + "; ".join(parts) + ".")
+            L.append("")
+        an = c.get("anatomy_end")
+        if an:
+            h = an["heap"]
+            L.append("What the table holds at the end (`pgstattuple`, after the relay caught up): heap %s MB = live "
+                     "tuples %s MB (%d) + dead tuples %s MB (%d) + free space %s MB + page overhead %s MB."
+                     % (mb(h["bytes"]), mb(h["live_bytes"]), h["live_tuples"], mb(h["dead_bytes"]), h["dead_tuples"],
+                        mb(h["free_bytes"]), mb(h["bytes"] - h["live_bytes"] - h["dead_bytes"] - h["free_bytes"])))
+            L.append("")
+            L.append("| index | MB | leaf pages | avg leaf density % | empty pages | deleted pages | leaf fragmentation % |")
+            L.append("|---|---:|---:|---:|---:|---:|---:|")
+            for name, x in sorted(an["indexes"].items()):
+                L.append("| %s | %s | %d | %s | %d | %d | %s |" % (name, mb(x["bytes"]), x["leaf_pages"],
+                                                                   f(x["avg_leaf_density"]), x["empty_pages"],
+                                                                   x["deleted_pages"], f(x["leaf_fragmentation"])))
             L.append("")
         if c.get("manual_vacuums"):
             L.append("The bench's own VACUUMs: %d, taking %s s." % (c["manual_vacuums"], ", ".join(

@@ -21,6 +21,7 @@
 #include "config/topic.h"
 #include "shared/partition.h"
 #include "shared/shmem.h"
+#include "write/event_id.h"
 #include "write/trace_context.h"
 
 #include "access/xact.h"
@@ -245,28 +246,31 @@ warn_if_not_relayed(void)
  * (schema 1.4, outbox.relay_mode = snapshot) or without, and with the
  * payload_bytes column (1.6, emit_bytes()) or without.  Every name is
  * schema-qualified: search_path plays no part.  The parameters are always
- * the eight of outbox_insert_event; $7 (bytes) and $8 (xid) are left unused
- * by the variants without them.
+ * the nine of outbox_insert_event; $7 (bytes) and $8 (xid) are left unused
+ * by the variants without them.  $9 is the event id, made here rather than
+ * by the column's default and read back with RETURNING: the RETURNING
+ * projection, its result tuple and the default's function call cost more
+ * than the id itself (see event_id.c).
  */
 static SPIPlanPtr
 prepare_insert(bool with_xid, bool with_bytes)
 {
 	SPIPlanPtr *cache = &insert_plans[with_xid][with_bytes];
-	Oid			argtypes[8] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID,
-	BYTEAOID, XID8OID};
+	Oid			argtypes[9] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID,
+	BYTEAOID, XID8OID, UUIDOID};
 
 	if (*cache == NULL)
 	{
 		SPIPlanPtr	plan;
 
 		plan = SPI_prepare(psprintf("INSERT INTO outbox.events"
-									" (aggregate_type, aggregate_id, event_type, payload, headers, topic%s%s)"
-									" VALUES ($1, $2, $3, $4, $5, $6%s%s) RETURNING event_id",
+									" (event_id, aggregate_type, aggregate_id, event_type, payload, headers, topic%s%s)"
+									" VALUES ($9, $1, $2, $3, $4, $5, $6%s%s)",
 									with_bytes ? ", payload_bytes" : "",
 									with_xid ? ", xid" : "",
 									with_bytes ? ", $7" : "",
 									with_xid ? ", $8" : ""),
-						   8, argtypes);
+						   9, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "outbox: SPI_prepare failed: %s",
 				 SPI_result_code_string(SPI_result));
@@ -333,13 +337,11 @@ snapshot_tracking_ready(void)
 pg_uuid_t *
 outbox_insert_event(const OutboxEvent *event, const char *context)
 {
-	Datum		values[8];
-	char		nulls[8];
+	Datum		values[9];
+	char		nulls[9];
 	Jsonb	   *headers;
 	bool		with_xid;
-	bool		isnull;
-	Datum		event_id;
-	pg_uuid_t  *result;
+	pg_uuid_t  *event_id;
 	int			ret;
 
 	check_length(event->aggregate_type, "aggregate_type", OUTBOX_AGGREGATE_TYPE_MAX_BYTES, context);
@@ -356,7 +358,11 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 	values[5] = PointerGetDatum(event->topic);
 	values[6] = PointerGetDatum(event->payload_bytes);
 	values[7] = (Datum) 0;
-	nulls[0] = nulls[1] = nulls[2] = ' ';
+	/* time-ordered (UUID version 7), as the column's default since 1.8 */
+	event_id = palloc(UUID_LEN);
+	outbox_uuidv7_generate(event_id);
+	values[8] = UUIDPGetDatum(event_id);
+	nulls[0] = nulls[1] = nulls[2] = nulls[8] = ' ';
 	nulls[3] = event->payload == NULL ? 'n' : ' ';
 	nulls[4] = headers == NULL ? 'n' : ' ';
 	nulls[5] = event->topic == NULL ? 'n' : ' ';
@@ -380,20 +386,14 @@ outbox_insert_event(const OutboxEvent *event, const char *context)
 		nulls[7] = ' ';
 	}
 	ret = SPI_execute_plan(prepare_insert(with_xid, event->payload_bytes != NULL),
-						   values, nulls, false, 1);
-	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+						   values, nulls, false, 0);
+	if (ret != SPI_OK_INSERT || SPI_processed != 1)
 		elog(ERROR, "outbox: INSERT into outbox.events failed: %s",
 			 SPI_result_code_string(ret));
-
-	/* the uuid is pass-by-reference: copy it out of SPI's memory */
-	event_id = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
-							 &isnull);
-	result = SPI_palloc(UUID_LEN);
-	memcpy(result, DatumGetPointer(event_id), UUID_LEN);
 	SPI_finish();
 
 	outbox_register_wakeup_at_commit(false);
-	return result;
+	return event_id;
 }
 
 /*

@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(155);
+SELECT plan(162);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -80,7 +80,7 @@ SELECT is((SELECT attidentity FROM pg_attribute
           'events.id is GENERATED ALWAYS AS IDENTITY');
 SELECT isnt(pg_get_serial_sequence('outbox.events', 'id'), NULL, 'events.id has an identity sequence');
 SELECT col_has_default('outbox', 'events', 'event_id', 'events.event_id has a default');
-SELECT col_default_is ('outbox', 'events', 'event_id', 'gen_random_uuid()', 'events.event_id defaults to gen_random_uuid()');
+SELECT col_default_is ('outbox', 'events', 'event_id', 'outbox.uuidv7()', 'events.event_id defaults to outbox.uuidv7() (time-ordered, 1.8)');
 SELECT col_has_default('outbox', 'events', 'created_at', 'events.created_at has a default');
 SELECT col_default_is ('outbox', 'events', 'created_at', 'clock_timestamp()', 'events.created_at defaults to clock_timestamp()');
 SELECT col_has_default('outbox', 'events', 'attempts', 'events.attempts has a default');
@@ -185,8 +185,17 @@ SELECT is_definer('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea',
                   'outbox.emit_bytes is SECURITY DEFINER');
 SELECT isnt_strict('outbox', 'emit_bytes', ARRAY['text', 'text', 'text', 'bytea', 'jsonb', 'text'],
                    'outbox.emit_bytes is not STRICT (a NULL payload makes a tombstone)');
+-- function outbox.uuidv7 (1.8): the time-ordered event id, event_id's default
+SELECT has_function('outbox', 'uuidv7', ARRAY[]::text[], 'function outbox.uuidv7() exists');
+SELECT function_returns('outbox', 'uuidv7', ARRAY[]::text[], 'uuid', 'outbox.uuidv7 returns uuid');
+SELECT function_lang_is('outbox', 'uuidv7', ARRAY[]::text[], 'c', 'outbox.uuidv7 is written in C');
+SELECT volatility_is('outbox', 'uuidv7', ARRAY[]::text[], 'volatile', 'outbox.uuidv7 is VOLATILE');
+SELECT isnt_definer('outbox', 'uuidv7', ARRAY[]::text[], 'outbox.uuidv7 is not SECURITY DEFINER');
+SELECT ok(NOT has_function_privilege('public', 'outbox.uuidv7()', 'EXECUTE'),
+          'PUBLIC may not execute outbox.uuidv7()');
+SELECT isnt(obj_description('outbox.uuidv7()'::regprocedure, 'pg_proc'), NULL, 'outbox.uuidv7 has a comment');
 SELECT functions_are('outbox', ARRAY['emit', 'emit_bytes', 'worker_status', 'worker_buckets', 'cluster_status', 'retry_failed', 'capture', 'pause',
-                                     'resume', 'replay', 'purge', 'published'],
+                                     'resume', 'replay', 'purge', 'published', 'uuidv7'],
                      'schema outbox has exactly the documented functions');
 SELECT function_returns('outbox', 'capture', ARRAY[]::text[], 'trigger', 'outbox.capture() is a trigger function');
 SELECT function_returns('outbox', 'pause', ARRAY[]::text[], 'void', 'outbox.pause() returns void');
