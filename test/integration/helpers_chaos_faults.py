@@ -9,7 +9,6 @@ thread timing, so a failing seed should be replayed a few times.
 """
 import glob
 import os
-import queue
 import random
 import signal
 import threading
@@ -286,7 +285,12 @@ class ChaosRun:
 
     def run(self):
         self.setup()
-        self.verify = queue.Queue()
+        self.check_lock = threading.Lock()
+        self.check_wanted = threading.Event()
+        self.check_episode = None
+        self.verifier_stop = False
+        self.verifier_conn = None
+        self.verifier_marks = HighWatermarks(self.env, self.topic)
         verifier = threading.Thread(target=self.verifier, daemon=True, name="chaos-verifier")
         verifier.start()
         try:
@@ -300,12 +304,20 @@ class ChaosRun:
                 if time.monotonic() > next_checkpoint and time.monotonic() < deadline - 30:
                     self.checkpoint()
                     next_checkpoint = time.monotonic() + self.plan.checkpoint_s
-            self.verify.put(None)
-            verifier.join()
+            self.stop_verifier(verifier)
             return self.final()
         finally:
-            self.verify.put(None)
+            self.stop_verifier(verifier)
+            self.verifier_marks.close()
             self.teardown()
+
+    def stop_verifier(self, verifier: threading.Thread):
+        """One more check of invariant 5, then the thread ends."""
+        self.verifier_stop = True
+        with self.check_lock:
+            self.check_episode = self.episode
+        self.check_wanted.set()
+        verifier.join(900)
 
     def note(self, what: str):
         now = time.time()
@@ -348,9 +360,9 @@ class ChaosRun:
         t0 = time.monotonic()
         self.update_windows()
         self.seconds["(check: windows)"] += time.monotonic() - t0
-        t0 = time.monotonic()
-        self.check_published()
-        self.seconds["(check after each fault)"] += time.monotonic() - t0
+        with self.check_lock:
+            self.check_episode = self.episode
+        self.check_wanted.set()
 
     # ------------------------------------------------------------------ faults: processes
 
@@ -422,7 +434,7 @@ class ChaosRun:
         path = os.path.join(self.env.pg_dir, "data", f"outbox_crash_{step}")
         with open(path, "w") as f:
             f.write(text + "\n")
-        fired = self.wait(lambda: self.hook_fired(line, step), 15 + sleep_ms / 1000,
+        fired = self.wait(lambda: self.hook_fired(line, step), 6 + sleep_ms / 1000,
                           f"the hook at {step}", interval=0.05)
         if not fired:
             try:
@@ -530,7 +542,7 @@ class ChaosRun:
         self.count("reload_batch_size")
         if size in (1, 7):
             # the rare path made common for a few seconds, then a size the relay drains with
-            time.sleep(self.rng.uniform(1, 6))
+            time.sleep(self.rng.uniform(0.5, 3))
             self.set(batch_size=self.rng.choice([100, 1000, 5000]))
 
     def f_reload_delivery(self):
@@ -654,21 +666,41 @@ class ChaosRun:
             self.problems.append(f"episode {self.episode}: {what}: {len(miss)} event(s) not in"
                                  f" Kafka, e.g. " + "; ".join(h.describe(a, s) for a, s in miss[:5]))
 
-    def check_published(self):
+    def verifier_query(self, sql: str, args) -> list:
+        """A query of the verifier thread, on its own connection, again after connection
+        errors (the main thread keeps the server up)."""
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if self.verifier_conn is None or self.verifier_conn.closed:
+                    self.verifier_conn = pg_connect(self.env)
+                return query(self.verifier_conn, sql, args)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
+                try:
+                    self.verifier_conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+                self.verifier_conn = None
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the verifier found no server for 600 s: {e}")
+                time.sleep(0.3)
+
+    def check_published(self, episode: int):
         """Invariant 5 after every fault: every event outbox.published(e) calls published is
-        in Kafka.  The database and the end offsets are read now; the wait for the consumer
-        runs in the verifier thread, while the next faults go on."""
+        in Kafka.  Runs in the verifier thread, after the fault of episode (or, when faults
+        came faster than the checks, after the latest of them), while the next faults go on:
+        the database, then the end offsets are read, then the consumer is waited for."""
         t0 = time.monotonic()
         floor = min(self.low_marks)
         self.known_published = {i for i in self.known_published if i >= floor}
-        # outbox.published(e) costs tens of microseconds a row: asked only of the rows not yet
-        # seen published (the planner runs the cheaper, hashed <> ALL first)
-        rows = self.db(lambda c: query(
-            c, "SELECT id, aggregate_id, coalesce(headers->>'seq', payload->'after'->>'seq')::int,"
-               "       outbox.published(e)"
-               "  FROM outbox.events e WHERE aggregate_type = %s AND id >= %s"
-               "   AND id <> ALL (%s::bigint[])",
-            (self.aggregate_type, floor, list(self.known_published))))
+        # outbox.published(e) costs tens of microseconds a row (it reads pg_control for each):
+        # asked only of the rows not yet seen published (the hashed <> ALL runs first)
+        rows = self.verifier_query(
+            "SELECT id, aggregate_id, coalesce(headers->>'seq', payload->'after'->>'seq')::int,"
+            "       outbox.published(e)"
+            "  FROM outbox.events e WHERE aggregate_type = %s AND id >= %s"
+            "   AND id <> ALL (%s::bigint[])",
+            (self.aggregate_type, floor, list(self.known_published)))
         t1 = time.monotonic()
         # rows below the lowest id still unpublished at one of the last 3 checks were all
         # published then (and are in Kafka, or that check failed); only a transaction that
@@ -682,41 +714,61 @@ class ChaosRun:
         self.checks["published checks"] += 1
         self.checks["published rows checked"] += len(rows) - len(waiting)
         events = self.reader.missing([(idx[a], s) for _, a, s, pub in rows if pub])
-        t2 = time.monotonic()
+        self.seconds["(verifier: query)"] += t1 - t0
         if events:
-            self.verify.put((self.episode, events, self.high()))
-        t3 = time.monotonic()
-        self.seconds["(check: query)"] += t1 - t0
-        self.seconds["(check: missing)"] += t2 - t1
-        self.seconds["(check: high)"] += t3 - t2
+            self.wait_published(episode, events, self.verifier_high())
 
     def broker_unavailable(self) -> bool:
         return self.broker_down or self.broker_frozen_pid is not None
 
+    def verifier_high(self) -> Dict[int, int]:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                return self.verifier_marks.read()
+            except Exception:  # noqa: BLE001  (the broker restarting)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def verifier(self):
+        """The thread that checks invariant 5 after the faults (check_published)."""
+        try:
+            while True:
+                self.check_wanted.wait(0.5)
+                with self.check_lock:
+                    self.check_wanted.clear()
+                    episode, self.check_episode = self.check_episode, None
+                if episode is None:
+                    if self.verifier_stop:
+                        return
+                    continue
+                self.check_published(episode)
+        except Exception as e:  # noqa: BLE001
+            self.problems.append(f"the verifier failed: {type(e).__name__}: {e}")
+        finally:
+            if self.verifier_conn is not None:
+                self.verifier_conn.close()
+
+    def wait_published(self, episode: int, events, high: Dict[int, int]):
         """Waits for the events the database called published when the check ran, until they
         arrived or the reader kept all Kafka held then.  The bound (180 s) counts only time in
         which the broker could answer."""
+        waited = 0.0
         while True:
-            item = self.verify.get()
-            if item is None:
-                return
-            episode, events, high = item
-            waited = 0.0
-            while True:
-                events = self.reader.missing(events)
-                if not events or self.reader.reached(high) or waited > 180:
-                    break
-                time.sleep(0.1)
-                if not self.broker_unavailable():
-                    waited += 0.1
             events = self.reader.missing(events)
-            if events:
-                h = self.load.history
-                self.problems.append(
-                    f"episode {episode}: outbox.published(e) says published: {len(events)}"
-                    f" event(s) not in Kafka" + (" (waited 180 s)" if waited > 180 else "")
-                    + ", e.g. " + "; ".join(h.describe(a, s) for a, s in events[:5]))
+            if not events or self.reader.reached(high) or waited > 180:
+                break
+            time.sleep(0.1)
+            if not self.broker_unavailable():
+                waited += 0.1
+        events = self.reader.missing(events)
+        if events:
+            h = self.load.history
+            self.problems.append(
+                f"episode {episode}: outbox.published(e) says published: {len(events)}"
+                f" event(s) not in Kafka" + (" (waited 180 s)" if waited > 180 else "")
+                + ", e.g. " + "; ".join(h.describe(a, s) for a, s in events[:5]))
 
     def accounting_check(self):
         """While every relay is paused and the sessions are parked: every committed event is
