@@ -112,6 +112,8 @@ class ChaosRun:
         self.hook_detail = Counter()    # step:action of the hook faults that fired
         self.checks = Counter()
         self.skipped = Counter()        # faults drawn but not injected, and why
+        self.workarounds = Counter()    # what the run did about faults of the servers themselves
+        self.stopping_since = None
         self.seconds = Counter()        # time spent per fault kind (inner faults counted twice)
         self.low_marks = [0, 0, 0]      # check_published: lowest unpublished id of the last checks
         self.known_published = set()    # ids above those seen published (and sent to the verifier)
@@ -146,8 +148,50 @@ class ChaosRun:
     def keep_servers(self):
         """Whatever the last fault left (a crash hook's "stop" may come at any time): a running
         server.  (The broker faults restore the broker themselves, teardown() once more.)"""
+        self.unstick_shutdown()
         if not self.pg_up():
             start_pg_after_crash(self.env, timeout=180)
+
+    def unstick_shutdown(self):
+        """PostgreSQL (15, 17 and 18.6 alike) never finishes a fast shutdown requested while it
+        runs crash recovery after a backend was killed: the postmaster waits for a checkpointer
+        that nobody asked to exit (pg_ctl restart -m fast right after a relay's kill -9 does
+        it).  Seen "stopping" in postmaster.pid for 60 s, far beyond any fast shutdown here,
+        the postmaster gets SIGQUIT (an immediate shutdown, which ends it) and is counted."""
+        try:
+            with open(os.path.join(self.env.pg_dir, "data", "postmaster.pid")) as f:
+                lines = f.read().splitlines()
+            pid, state = int(lines[0]), lines[7].strip() if len(lines) > 7 else ""
+        except (OSError, ValueError, IndexError):
+            return
+        if state != "stopping" or not pid_alive(pid):
+            self.stopping_since = None
+            return
+        if self.stopping_since is None or self.stopping_since[0] != pid:
+            self.stopping_since = (pid, time.monotonic())
+        elif time.monotonic() - self.stopping_since[1] > 60:
+            self.note(f"postmaster {pid} stuck in a fast shutdown for 60 s: SIGQUIT")
+            self.workarounds["a fast shutdown hung in crash recovery (PostgreSQL): SIGQUIT"] += 1
+            os.kill(pid, signal.SIGQUIT)
+            self.stopping_since = None
+            deadline = time.monotonic() + 60
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    def postmaster(self) -> int:
+        """The running postmaster's pid (the server started first if a fault stopped it)."""
+        deadline = time.monotonic() + 300
+        while True:
+            self.keep_servers()
+            try:
+                pid = postmaster_pid(self.env)
+                if pid_alive(pid):
+                    return pid
+            except (FileNotFoundError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("no running postmaster for 300 s")
+            time.sleep(0.2)
 
     def restore_broker(self):
         if self.broker_frozen_pid is not None:
@@ -396,14 +440,14 @@ class ChaosRun:
                 self.skipped["no relay to signal"] += 1
 
     def f_postmaster_sigkill(self):
-        os.kill(postmaster_pid(self.env), signal.SIGKILL)
+        os.kill(self.postmaster(), signal.SIGKILL)
         self.count("postmaster_sigkill")
         start_pg_after_crash(self.env, timeout=180)
 
     def _restart(self, mode: str):
         self.keep_servers()
-        p = pg_sh(self.env, "ctl", "restart", "-m", mode, "-w", "-t", "180", "-l",
-                  str(self.env.server_log), check=False, timeout=240)
+        p = pg_sh(self.env, "ctl", "restart", "-m", mode, "-w", "-t", "90", "-l",
+                  str(self.env.server_log), check=False, timeout=150)
         self.count(f"restart_{mode}")
         if p.returncode != 0:
             self.note(f"pg_ctl restart -m {mode}: {p.returncode} {p.stderr.strip()[-200:]}")
@@ -430,7 +474,7 @@ class ChaosRun:
         text = (f"relay {relay}\n" if relay else "") + (f"sleep {sleep_ms} " if sleep_ms else "") \
             + ("" if action == "kill" else action)
         line = self.log.read()
-        postmaster = postmaster_pid(self.env)
+        postmaster = self.postmaster()
         path = os.path.join(self.env.pg_dir, "data", f"outbox_crash_{step}")
         with open(path, "w") as f:
             f.write(text + "\n")

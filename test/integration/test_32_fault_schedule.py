@@ -87,6 +87,7 @@ def summary(run: ChaosRun, a) -> str:
     faults = ", ".join(f"{k} {v}" for k, v in sorted(run.faults.items()))
     hooks = ", ".join(f"{k} {v}" for k, v in sorted(run.hook_detail.items()))
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(run.skipped.items())) or "none"
+    workarounds = ", ".join(f"{k} {v}" for k, v in sorted(run.workarounds.items())) or "none"
     shapes = ", ".join(f"{k} {v}" for k, v in sorted(run.load.shapes.items()))
     checks = ", ".join(f"{k} {v}" for k, v in sorted(run.checks.items()))
     return (
@@ -96,6 +97,7 @@ def summary(run: ChaosRun, a) -> str:
         f"  faults injected: {sum(run.faults.values())} ({faults})\n"
         f"  crash hook by step:action: {hooks or 'none'}\n"
         f"  drawn but not injected: {skipped}\n"
+        f"  done about the servers' own faults: {workarounds}\n"
         f"  transactions by shape: {shapes}\n"
         f"  events: {t[COMMITTED]} committed ({c['resolved_committed']} of them read back after"
         f" the connection died at COMMIT), {t[ROLLED_BACK]} rolled back (savepoint"
@@ -120,11 +122,17 @@ def test_fault_schedule(env, seed):
           f" OUTBOX_CHAOS_RELAY_MODE={RELAY_MODE}, OUTBOX_CHAOS_DELIVERY={DELIVERY})", flush=True)
     plan = make_plan(seed, seconds, RELAY_MODE, DELIVERY)
     run = ChaosRun(env, plan)
-    a = run.run()
-    text = summary(run, a)
-    report(text)
     out = Path(os.environ.get("OUTBOX_TEST_OUT", REPO / "test" / "out"))
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        a = run.run()
+    except BaseException:
+        (out / f"chaos-seed{seed}.txt").write_text("the run failed\n\nproblems:\n" + "\n".join(run.problems)
+                                                   + "\n\ntimeline:\n" + "\n".join(run.timeline) + "\n")
+        print("timeline (last 40):\n  " + "\n  ".join(run.timeline[-40:]))
+        raise
+    text = summary(run, a)
+    report(text)
     (out / f"chaos-seed{seed}.txt").write_text(text + "\n\nproblems:\n" + "\n".join(run.problems)
                                                + "\n\ntimeline:\n" + "\n".join(run.timeline) + "\n")
     if run.problems:
