@@ -25,7 +25,7 @@ import pytest
 from conftest import (create_topics, new_aggregate_type, pg_connect, query, query_one, topic_prefix,
                       wait_until)
 from helpers_crash import LightReader
-from test_33_batch_windows import check_order, emit_open, mode_restored, switch_mode  # noqa: F401
+from test_35_batch_windows import check_order, emit_open, mode_restored, switch_mode  # noqa: F401
 
 
 def emit_in(c, agg_type: str, aggregate: str, seq: int, mode: str) -> str:
