@@ -18,6 +18,7 @@
 #include "cloudevents.h"
 #include "kafka_config.h"
 #include "topic.h"
+#include "inbox/inbox.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -88,8 +89,6 @@ static bool check_message_format(char **newval, void **extra, GucSource source);
 static void assign_message_format(const char *newval, void *extra);
 static bool check_ce_source(char **newval, void **extra, GucSource source);
 static void assign_ce_source(const char *newval, void *extra);
-static bool check_bootstrap_servers(char **newval, void **extra,
-									GucSource source);
 static void assign_kafka_properties(const char *newval, void *extra);
 static bool check_allowed_topics(char **newval, void **extra,
 								 GucSource source);
@@ -156,7 +155,7 @@ outbox_define_gucs(void)
 							   "",
 							   PGC_SIGHUP,
 							   0,
-							   check_bootstrap_servers, NULL, NULL);
+							   outbox_check_bootstrap_servers, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.topic_prefix",
 							   "Prefix of routed topic names: topic = prefix || aggregate_type.",
@@ -336,6 +335,9 @@ outbox_define_gucs(void)
 							   0,
 							   NULL, NULL, NULL);
 
+	/* the inbox's outbox.inbox_* settings (src/inbox/inbox_guc.c) */
+	outbox_inbox_define_gucs();
+
 	MarkGUCPrefixReserved("outbox");
 }
 
@@ -473,8 +475,8 @@ bootstrap_port_is_valid(const char *item)
  * 65535 (librdkafka would read "kafka:notaport" as port 0 and only fail
  * to connect).  Which hosts the items name is librdkafka's business.
  */
-static bool
-check_bootstrap_servers(char **newval, void **extra, GucSource source)
+bool
+outbox_check_bootstrap_servers(char **newval, void **extra, GucSource source)
 {
 	List	   *items;
 	ListCell   *lc;

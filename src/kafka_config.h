@@ -25,6 +25,17 @@ extern bool outbox_parse_kafka_properties(const char *text,
 										  OutboxKafkaProperty **props,
 										  int *nprops,
 										  char **error);
+extern bool outbox_parse_properties(const char *text,
+									const char *const *reserved,
+									const char *who,
+									OutboxKafkaProperty **props,
+									int *nprops, char **error);
+extern bool outbox_check_properties_setting(char **newval, void **extra,
+											GucSource source,
+											const char *const *reserved,
+											const char *who,
+											const char *name,
+											OutboxRefusable refusable);
 extern bool outbox_kafka_property_is_secret(const char *key);
 extern bool outbox_check_kafka_properties(char **newval, void **extra,
 										  GucSource source);

@@ -138,7 +138,7 @@ launcher_shutdown(int code, Datum arg)
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
 	{
-		if (launcher_relays_running(db) > 0)
+		if (launcher_relays_running(db) > 0 || inbox_launcher_running(db))
 			launcher_stop_relays(db);
 		launcher_free_idle_slots(db, 0);
 	}
@@ -167,6 +167,7 @@ launcher_pass(void)
 	int			nunserved = 0;
 
 	take_events();
+	inbox_launcher_take_requests(databases);
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
 		launcher_reap_relays(db, now);
@@ -178,7 +179,7 @@ launcher_pass(void)
 	{
 		if (db->wanted && !(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
 			continue;
-		if (launcher_relays_running(db) > 0)
+		if (launcher_relays_running(db) > 0 || inbox_launcher_running(db))
 			launcher_stop_relays(db);
 		else
 		{
@@ -210,6 +211,7 @@ launcher_pass(void)
 			unserved[nunserved++] = db;
 			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
 		}
+		inbox_launcher_serve(db, now, &nap);
 	}
 	report_unserved(unserved, nunserved);
 	return nap;

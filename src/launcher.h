@@ -13,6 +13,7 @@
 
 #include "postmaster/bgworker.h"
 #include "utils/hsearch.h"
+#include "inbox/inbox_launcher.h"
 
 /* '*': a database without the extension is probed again after this long */
 #define ABSENT_REPROBE_MS			(5 * 60 * 1000)
@@ -53,6 +54,7 @@ typedef struct LauncherDb
 	TimestampTz bgw_cap_until;	/* ... when the next one got none: until */
 	bool		short_logged;	/* logged that it runs fewer than wanted */
 	LauncherRelay relays[OUTBOX_MAX_WORKERS_PER_DATABASE];
+	LauncherInbox inbox;		/* its inbox worker (src/inbox) */
 } LauncherDb;
 
 extern bool launcher_wants_relays(LauncherDb *db, bool all, TimestampTz now);

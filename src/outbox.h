@@ -119,6 +119,8 @@ extern bool outbox_relay_serves_all(void);
 #define OUTBOX_FORMAT_CLOUDEVENTS	1	/* CloudEvents binary mode, ce_* */
 
 extern void outbox_define_gucs(void);
+extern bool outbox_check_bootstrap_servers(char **newval, void **extra,
+										   GucSource source);
 
 /*
  * guc_refusal.c: settings refused when the server started (the relay
@@ -129,13 +131,19 @@ typedef enum OutboxRefusable
 	OUTBOX_REFUSABLE_KAFKA_PROPERTIES,
 	OUTBOX_REFUSABLE_MESSAGE_FORMAT,
 	OUTBOX_REFUSABLE_CE_SOURCE,
+	/* the inbox's (src/inbox): they stop the inbox, not the relay */
+	OUTBOX_REFUSABLE_INBOX_KAFKA_PROPERTIES,
 	OUTBOX_NUM_REFUSABLE
 } OutboxRefusable;
+
+/* the refusals that stop the relay come before the inbox's */
+#define OUTBOX_NUM_RELAY_REFUSABLE	OUTBOX_REFUSABLE_INBOX_KAFKA_PROPERTIES
 
 extern void outbox_note_refusal(OutboxRefusable setting, GucSource source,
 								const char *why);
 extern void outbox_clear_refusal(OutboxRefusable setting);
 extern char *outbox_config_refusal(void);
+extern char *outbox_refusal_of(OutboxRefusable setting);
 extern void outbox_reload_config_file(void);
 
 /*
@@ -190,6 +198,7 @@ typedef struct OutboxRelaySlot
 
 	/* set by the launcher */
 	bool		in_use;			/* assigned to a database */
+	bool		inbox;			/* an inbox worker's (src/inbox), not a relay's */
 	Oid			database_oid;	/* database served; InvalidOid if unknown */
 	char		database_name[NAMEDATALEN];
 
