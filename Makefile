@@ -11,69 +11,9 @@ EXTENSION = outbox
 # the current version: outbox.control's default_version must say the same (checked below)
 EXTVERSION = 1.8
 MODULE_big = outbox
-# in data-path order: start-up, settings, the write side, the relay
-# process (the loop and its connection; one batch: claim, row to message,
-# marks; snapshot batches, retention, the transaction frame both run in; the
-# producer and its topic handles), the state both sides share
-OBJS = \
-	src/outbox.o \
-	src/guc.o \
-	src/guc_refusal.o \
-	src/cloudevents.o \
-	src/topic.o \
-	src/kafka_config.o \
-	src/secrets.o \
-	src/emit.o \
-	src/capture.o \
-	src/trace_context.o \
-	src/ops.o \
-	src/launcher.o \
-	src/launcher_relays.o \
-	src/partition.o \
-	src/dblist.o \
-	src/lifecycle.o \
-	src/worker.o \
-	src/connect.o \
-	src/batch.o \
-	src/batch_report.o \
-	src/claim.o \
-	src/message.o \
-	src/row_message.o \
-	src/mark.o \
-	src/snapshot.o \
-	src/progress_record.o \
-	src/exactly_once.o \
-	src/fault_point.o \
-	src/progress_log.o \
-	src/txn.o \
-	src/retention.o \
-	src/vacuum.o \
-	src/relay_xact.o \
-	src/producer.o \
-	src/topic_cache.o \
-	src/shmem.o \
-	src/status.o \
-	$(INBOX_OBJS)
-
-# the inbox (src/inbox/, issue 30): settings, the SQL API, the worker and its
-# consumers, the apply transaction and what it writes, shared state
-INBOX_OBJS = \
-	src/inbox/inbox_guc.o \
-	src/inbox/inbox_subscribe.o \
-	src/inbox/inbox_ops.o \
-	src/inbox/inbox_take.o \
-	src/inbox/inbox_launcher.o \
-	src/inbox/inbox_worker.o \
-	src/inbox/inbox_subscription.o \
-	src/inbox/inbox_consumer.o \
-	src/inbox/inbox_apply.o \
-	src/inbox/inbox_event.o \
-	src/inbox/inbox_handler.o \
-	src/inbox/inbox_offsets.o \
-	src/inbox/inbox_dedupe.o \
-	src/inbox/inbox_dead.o \
-	src/inbox/inbox_shmem.o \
-	src/inbox/inbox_status.o
+# every .c of src/ and of its folders (src/README.md: one folder per part of
+# the data path, each with a README naming its files in data-path order)
+OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c src/*/*.c)))
 
 # SQL scripts: the frozen 1.0 install script and the update scripts as they are; the current
 # version's install script is built from sql/outbox.sql (the current schema, in one file)
@@ -108,7 +48,7 @@ sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control M
 
 # PGXS tracks no header dependencies unless PostgreSQL was built with
 # --enable-depend: rebuild everything when a header changes.
-$(OBJS): $(wildcard $(srcdir)/src/*.h $(srcdir)/src/inbox/*.h)
+$(OBJS): $(wildcard $(srcdir)/src/*.h $(srcdir)/src/*/*.h)
 
 # PGXN distribution (META.json): a zip of HEAD named after META.json's version
 DISTVERSION = $(shell sed -n 's/^   "version": "\(.*\)",$$/\1/p' $(srcdir)/META.json)

@@ -247,7 +247,7 @@ COMMENT ON FUNCTION outbox.published(outbox.events) IS
 'True if Kafka acknowledged the event: published_at is set (events tracked row by row), or the relay''s progress covers its transaction (events tracked by snapshot, which have no published_at). Call it as outbox.published(e) on a row e of outbox.events. Runs as the extension owner: callers need EXECUTE only (not granted to PUBLIC).';
 
 /*
- * outbox.emit: the SQL API.  Implemented in C (src/emit.c) so that the
+ * outbox.emit: the SQL API.  Implemented in C (src/write/emit.c) so that the
  * validation runs before anything is written and the committing transaction
  * can wake the relay worker.
  */
@@ -378,7 +378,8 @@ SELECT w.database,
                UNION ALL
                -- tracked by snapshot and not covered by the relay's progress: above its id
                -- floor (primary key), or at most the floor in a transaction its snapshot
-               -- showed running (events_xid_idx); each through an index, never the table
+               -- did not show as committed (events_xid_idx); each through an index, never
+               -- the table
                SELECT NULL, s.created_at
                  FROM (SELECT p.* FROM outbox.relay_progress AS p
                         WHERE p.system_identifier =
@@ -393,6 +394,12 @@ SELECT w.database,
                         FROM pg_catalog.pg_snapshot_xip(g.snapshot) AS x(xid)
                         JOIN outbox.events AS b
                           ON b.xid = x.xid AND b.xid IS NOT NULL AND b.id <= g.id_floor
+                      UNION ALL
+                      -- at most the floor in a transaction that got its xid at or after the
+                      -- snapshot's xmax (running when it was taken, but not in its xip list)
+                      SELECT c.id, c.xid, c.created_at
+                        FROM outbox.events AS c
+                       WHERE c.xid >= pg_catalog.pg_snapshot_xmax(g.snapshot) AND c.id <= g.id_floor
                      ) AS s
                 WHERE NOT COALESCE(pg_catalog.pg_visible_in_snapshot(s.xid, g.snapshot), false)
                   AND NOT COALESCE(s.id <= g.batch_last_id

@@ -13,8 +13,11 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "lifecycle.h"
-#include "secrets.h"
+#include "config/guc.h"
+#include "config/secrets.h"
+#include "launcher/lifecycle.h"
+#include "shared/bgworker.h"
+#include "shared/shmem.h"
 
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -26,6 +29,7 @@ PG_MODULE_MAGIC;
 #define LAUNCHER_RESTART_SECONDS	1
 
 void		_PG_init(void);
+static void outbox_register_launcher(void);
 
 /*
  * _PG_init
@@ -78,7 +82,7 @@ _PG_init(void)
  * It starts only once recovery has finished, so never on a hot standby,
  * and by itself after promotion.
  */
-void
+static void
 outbox_register_launcher(void)
 {
 	BackgroundWorker worker;
@@ -86,31 +90,4 @@ outbox_register_launcher(void)
 	outbox_init_bgworker(&worker, "outbox_launcher_main", "outbox launcher",
 						 LAUNCHER_RESTART_SECONDS);
 	RegisterBackgroundWorker(&worker);
-}
-
-/*
- * outbox_init_bgworker
- *		Fill *worker with what every outbox background worker (launcher,
- *		relay, VACUUM worker) shares: library "outbox", shared memory and a
- *		database connection (the launcher connects to none, but reads
- *		shared catalogs), started once recovery has finished, so never on a
- *		hot standby.
- *
- * function is the entry point, type the backend_type pg_stat_activity
- * shows (also the process name, until the caller sets another), and
- * restart_time in seconds or BGW_NEVER_RESTART.  bgw_main_arg, bgw_extra
- * and bgw_notify_pid are left zero for the caller.  Raises no error.
- */
-void
-outbox_init_bgworker(BackgroundWorker *worker, const char *function,
-					 const char *type, int restart_time)
-{
-	memset(worker, 0, sizeof(*worker));
-	worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker->bgw_restart_time = restart_time;
-	snprintf(worker->bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker->bgw_function_name, BGW_MAXLEN, "%s", function);
-	snprintf(worker->bgw_name, BGW_MAXLEN, "%s", type);
-	snprintf(worker->bgw_type, BGW_MAXLEN, "%s", type);
 }

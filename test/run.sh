@@ -147,6 +147,8 @@ run_stage() {
 
 build() {
     local out warnings
+    # src/'s folders include only downwards (src/README.md)
+    test/layering.sh || { echo "summary: an #include against the floors of src/README.md"; return 1; }
     make clean >/dev/null
     out=$(make 2>&1) || { echo "$out"; echo "summary: make failed"; return 1; }
     echo "$out"

@@ -5,16 +5,17 @@
  *	  the extension: a worker that consumes Kafka topics and applies each
  *	  event once in this database.
  *
- * The inbox's parts:
+ * The inbox's parts in this folder:
  *	- the SQL API (inbox_subscribe.c, inbox_ops.c, inbox_take.c),
  *	- the worker (inbox_worker.c) with its Kafka consumers
  *	  (inbox_consumer.c) and subscriptions (inbox_subscription.c),
  *	- the apply transaction (inbox_apply.c): events (inbox_event.c),
  *	  handler calls (inbox_handler.c), offsets (inbox_offsets.c), seen ids
- *	  (inbox_dedupe.c), dead letters (inbox_dead.c), crash attempts
- *	  (inbox_attempts.c),
- *	- the state shared with the launcher and the status views
- *	  (inbox_shmem.c, inbox_status.c, inbox_launcher.c).
+ *	  (inbox_dedupe.c), dead letters (inbox_dead.c).
+ * Outside it, by the layering of src/README.md: its settings
+ * (config/inbox_guc.c), its shared memory and status (shared/inbox_shmem.c,
+ * shared/inbox_status.c), and how the launcher runs it
+ * (launcher/launcher_inbox.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -25,30 +26,15 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "config/inbox_guc.h"
+#include "shared/inbox_shmem.h"
+
 #include "fmgr.h"
-#include "nodes/execnodes.h"
 #include "access/htup.h"
 #include "access/tupdesc.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
-
-/*
- * guc.c's neighbour inbox_guc.c: the outbox.inbox_* settings, in the units
- * named.
- */
-extern char *outbox_inbox_bootstrap_servers;	/* '' = outbox.bootstrap_servers */
-extern char *outbox_inbox_kafka_properties;	/* consumer properties (real value) */
-extern int	outbox_inbox_batch_size;	/* records per apply transaction */
-extern int	outbox_inbox_batch_wait;	/* ms to fill a batch */
-extern int	outbox_inbox_handler_timeout;	/* ms per handler call; 0 = none */
-extern int	outbox_inbox_dedupe_window;	/* s an applied event id is kept */
-extern int	outbox_inbox_max_attempts;	/* crashes or transient errors per record */
-extern bool outbox_inbox_superuser_subscriptions;	/* allow superuser owners */
-
-extern void outbox_inbox_define_gucs(void);
-extern const char *outbox_inbox_servers(void);
-extern const char *const *outbox_inbox_reserved_properties(void);
 
 /* Longest subscription name (bytes), so that it fits shared memory */
 #define INBOX_NAME_MAX			(NAMEDATALEN - 1)
@@ -209,73 +195,6 @@ extern void inbox_apply_batch(InboxSubscription *sub,
 							  rd_kafka_message_t **msgs, int n);
 extern void inbox_retry_dead(InboxSubscription *sub);
 extern bool inbox_sqlstate_is_transient(int sqlerrcode);
-
-/*
- * inbox_shmem.c: what the inbox worker shows others (per worker slot of
- * outbox_shared, and a pool of partition entries) and how others reach it.
- */
-typedef enum InboxState
-{
-	INBOX_STATE_STARTING = 0,
-	INBOX_STATE_RUNNING,
-	INBOX_STATE_NOT_CONFIGURED,
-	INBOX_STATE_CONFIG_ERROR,
-	INBOX_STATE_BROKER_DOWN,
-	INBOX_STATE_ERROR,
-	INBOX_STATE_STALLED,		/* partitions only */
-	INBOX_STATE_WAITING_FOR_TOPIC	/* partition -1 of a topic */
-} InboxState;
-
-/* copies for the status readers (inbox_status.c) */
-typedef struct InboxWorkerCopy
-{
-	InboxState	state;
-	int64		applied;
-	int64		dead;
-	int64		errors;
-	TimestampTz last_applied_at;
-	TimestampTz last_error_at;
-	char		last_error[OUTBOX_ERROR_LEN];
-} InboxWorkerCopy;
-
-typedef struct InboxPartitionCopy
-{
-	pid_t		pid;
-	Oid			dboid;
-	char		subscription[NAMEDATALEN];
-	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
-	int32		partition;
-	int64		high_watermark;
-	InboxState	state;
-	TimestampTz last_error_at;
-	TimestampTz last_applied_at;
-	char		last_error[OUTBOX_ERROR_LEN];
-} InboxPartitionCopy;
-
-extern bool inbox_shmem_copy_worker(int slot, InboxWorkerCopy *out);
-extern bool inbox_shmem_copy_partition(int i, InboxPartitionCopy *out);
-extern int	inbox_shmem_npartitions(void);
-extern const char *inbox_state_name(InboxState state);
-extern Size outbox_inbox_shmem_size(void);
-extern void outbox_inbox_shmem_init(void);
-extern void inbox_shmem_register(int slot);
-extern void inbox_shmem_note_no_subscriptions(void);
-extern bool inbox_shmem_slot_idle(int slot);
-extern uint32 inbox_shmem_control_seq(void);
-extern void inbox_set_state(InboxState state, const char *error);
-extern void inbox_count(int64 applied, int64 dead, int64 errors);
-extern int	inbox_status_claim(const char *subscription, const char *topic,
-							   int32 partition);
-extern void inbox_status_release_all(void);
-extern void inbox_status_set(int entry, InboxState state, const char *error);
-extern void inbox_status_watermark(int entry, int64 high);
-extern void inbox_status_applied(int entry);
-extern void outbox_inbox_wake(Oid dboid);
-extern void outbox_inbox_wake_at_commit(void);
-extern int	inbox_take_requests(Oid *dboids, int max, bool *overflow);
-
-/* inbox_status.c: rows for outbox.cluster_status() */
-extern void outbox_inbox_cluster_rows(ReturnSetInfo *rsinfo);
 
 /* inbox_worker.c */
 extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);

@@ -31,7 +31,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "inbox.h"
+#include "inbox/inbox.h"
+#include "shared/shmem.h"
 
 #include "access/xact.h"
 #include "executor/spi.h"

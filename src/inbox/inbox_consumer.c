@@ -30,8 +30,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "kafka_config.h"
-#include "inbox.h"
+#include "inbox/inbox.h"
+#include "config/kafka_config.h"
 
 #include "miscadmin.h"
 #include "utils/memutils.h"

@@ -21,7 +21,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "inbox.h"
+#include "inbox/inbox.h"
 
 #include "access/xact.h"
 #include "catalog/namespace.h"

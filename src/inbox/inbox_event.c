@@ -24,7 +24,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "inbox.h"
+#include "inbox/inbox.h"
 
 #include "access/htup_details.h"
 #include "catalog/namespace.h"

@@ -23,7 +23,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "inbox.h"
+#include "inbox/inbox.h"
 
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"

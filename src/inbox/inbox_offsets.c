@@ -24,7 +24,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "inbox.h"
+#include "inbox/inbox.h"
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"

@@ -21,8 +21,8 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "inbox.h"
-#include "topic.h"
+#include "inbox/inbox.h"
+#include "config/topic.h"
 
 #include "access/htup_details.h"
 #include "catalog/pg_extension.h"

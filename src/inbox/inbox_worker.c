@@ -23,8 +23,9 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "connect.h"
-#include "inbox.h"
+#include "inbox/inbox.h"
+#include "config/guc_refusal.h"
+#include "shared/shmem.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -87,13 +88,13 @@ static void forget_plans(void);
 /*
  * outbox_inbox_main
  *		Entry point of an inbox worker, started by the launcher; main_arg is
- *		its slot in shared memory, bgw_extra an OutboxRelayArgs naming the
+ *		its slot in shared memory, bgw_extra an InboxArgs naming the
  *		database.  Never returns (see the file header).
  */
 void
 outbox_inbox_main(Datum main_arg)
 {
-	OutboxRelayArgs args;
+	InboxArgs	args;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);

@@ -614,3 +614,29 @@ def test_outage_longer_than_delivery_timeout_never_dead_letters(env, conn, prefi
     assert after["failed"] == before["failed"], (before, after)
     assert not dead_letter_lines(watcher.new_lines())
     check.assert_ok("events through an outage longer than delivery_timeout")
+
+
+def test_last_error_is_cut_at_a_character_boundary(env, conn):
+    """outbox.status.last_error keeps OUTBOX_ERROR_LEN - 1 = 255 bytes. A byte count alone cut a
+    multibyte character in two (issue 27, finding 4), and the status views then returned invalid
+    UTF-8. The relay's error for an illegal topic quotes the topic: two runs of 2-byte characters,
+    starting one byte apart, put a character across the cut whatever the error's prefix is."""
+    agg = new_aggregate_type("mbcut")
+    try:
+        for topic in ("a" + "é" * 200, "bc" + "é" * 200):
+            query(conn, "INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type, payload, topic)"
+                        " VALUES (%s, 'k', 'it.mb', '{}', %s)", (agg, topic))
+
+            def quoted():
+                rows = query(conn, "SELECT last_error::bytea FROM outbox.status")
+                mark = ('"' + topic[:10]).encode()
+                raw = [bytes(r[0]) for r in rows if r[0] is not None and mark in bytes(r[0])]
+                return raw[0] if raw else None
+
+            raw = wait_until(quoted, 30, "the relay's last_error to quote the illegal topic")
+            assert len(raw) <= 255, len(raw)
+            text = raw.decode("utf-8")          # raises on a character cut in two
+            assert topic[:100] in text, text
+            query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s", (agg,))
+    finally:
+        query(conn, "DELETE FROM outbox.events WHERE aggregate_type = %s", (agg,))

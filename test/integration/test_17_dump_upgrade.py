@@ -319,6 +319,57 @@ def test_data_only_restore_into_a_relayed_database_loses_nothing(env, prefix, re
         assert not missing, f"{len(missing)} of {len(pending)} restored pending events never sent"
         c.close()
 
+def test_data_only_restore_from_another_cluster_keeps_the_targets_pending_events(env, conn, prefix,
+                                                                                 reader_factory):
+    """pg_restore --data-only of another cluster's dump into a database whose own relay already
+    ran: the restored progress row is another cluster's, and the conversion judged every event by
+    it alone, the target's own pending events too (issue 27, finding 2). A busier source's
+    snapshot covers every xid of a new cluster, so those events were marked published at once
+    and never sent. The dump here holds only the main cluster's progress row, which is enough:
+    the events it would bring convert the same way."""
+    agg_type = new_aggregate_type("foreign")
+    topic = prefix + agg_type
+    dump_file = Path(env.pg_dir + "-foreign.dump")
+    wait_until(lambda: query_one(conn, "SELECT snapshot IS NOT NULL FROM outbox.relay_progress")[0],
+               30, "this cluster's relay to record progress")
+    source_snapshot = query_one(conn, "SELECT snapshot::text FROM outbox.relay_progress")[0]
+    d = pg_tool("pg_dump", "-Fc", "--data-only", "-t", "outbox.relay_progress", "-h", env.pg_host,
+                "-p", str(env.pg_port), "-U", env.pg_user, "-d", env.pg_database, "-f", str(dump_file))
+    assert d.returncode == 0, d.stderr
+    with extra_cluster(env, "foreign", 30, database="postgres") as other:
+        c = wait_until(lambda: pg_connect(other), 30, "a connection")
+        query(c, "CREATE EXTENSION outbox")
+        wait_relay_ready(other)
+        create_topics(env, [topic])
+        reader = reader_factory([topic])
+        first = query_one(c, "SELECT outbox.emit(%s, 'f0', 'it.own', '{}', NULL, %s)::text", (agg_type, topic))[0]
+        wait_until(lambda: query_one(c, "SELECT snapshot IS NOT NULL FROM outbox.relay_progress")[0]
+                   and query_one(c, "SELECT count(*) FROM outbox.events e WHERE NOT outbox.published(e)")[0] == 0,
+                   30, "the target's relay to publish its first event")
+        query(c, "SELECT outbox.pause()")
+        own = [query_one(c, "SELECT outbox.emit(%s, 'f' || %s, 'it.own', '{}', NULL, %s)::text",
+                         (agg_type, i, topic))[0] for i in range(1, 6)]
+        # without this the test could not fail: the source's snapshot must cover the target's xids
+        assert query_one(c, "SELECT bool_and(pg_visible_in_snapshot(e.xid, %s::pg_snapshot))"
+                            "  FROM outbox.events e WHERE e.event_id::text = ANY(%s)",
+                         (source_snapshot, own))[0], "the source's snapshot does not cover the target's events"
+        r = pg_tool("pg_restore", "--data-only", "-h", other.pg_host, "-p", str(other.pg_port),
+                    "-U", other.pg_user, "-d", "postgres", str(dump_file))
+        dump_file.unlink()
+        assert r.returncode == 0, r.stderr
+        assert query_one(c, "SELECT count(*) FROM outbox.relay_progress")[0] == 2
+        query(c, "SELECT outbox.resume()")
+        got = {m.event_id for m in reader.read_until(len(own) + 1, timeout=30, extra=1)}
+        missing = set(own) - got
+        report(f"OUTBOX RESTORE data-only from another cluster into a relayed database: {len(own)} of the"
+               f" target's own pending events, {len(own) - len(missing)} arrived")
+        assert not missing, f"{len(missing)} of {len(own)} of the target's own pending events never sent"
+        assert first in got
+        wait_until(lambda: query_one(c, "SELECT count(*) FROM outbox.events e WHERE NOT outbox.published(e)")[0] == 0,
+                   30, "the target's events marked published")
+        c.close()
+
+
 def catalog_snapshot(conn) -> dict:
     return {k: sorted(tuple("NULL" if v is None else str(v) for v in row) for row in query(conn, sql))
             for k, sql in CATALOG_QUERIES.items()}
@@ -341,7 +392,7 @@ UPGRADE_PATHS = [("1.0", "1.1"), ("1.1", "1.2"), ("1.0", "1.2"), ("1.2", "1.3"),
                  ("1.4", "1.5"), ("1.3", "1.5"), ("1.0", "1.5"),
                  ("1.5", "1.6"), ("1.4", "1.6"), ("1.3", "1.6"), ("1.0", "1.6"),
                  ("1.6", "1.7"), ("1.5", "1.7"), ("1.3", "1.7"), ("1.0", "1.7"),
-                 ("1.7", "1.8"), ("1.6", "1.8"), ("1.3", "1.8"), ("1.0", "1.8")]
+                 ("1.7", "1.8"), ("1.6", "1.8"), ("1.4", "1.8"), ("1.3", "1.8"), ("1.0", "1.8")]
 
 
 @pytest.mark.parametrize("old,new", UPGRADE_PATHS, ids=[f"{a}-{b}" for a, b in UPGRADE_PATHS])

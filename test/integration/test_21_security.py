@@ -14,6 +14,7 @@ covered by test/pgtap/security.sql):
 (e) search_path attack: functions and operators planted in public with the database's
     search_path set to public first are never called by the relay worker.
 """
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -826,3 +827,45 @@ def test_relay_touches_only_the_extensions_own_table(env):
                f" (state {st['state']}, 0 triggers fired, {pending} pending); back in the extension"
                f" it was, and the trigger fired: {query(c, 'SELECT DISTINCT * FROM public.fired')}")
         c.close()
+
+
+def test_drop_extension_count_ignores_the_callers_operators(env):
+    """DROP EXTENSION outbox counts the events it discards (lifecycle.c) in the caller's session,
+    under the caller's search_path. Its operators were unqualified (issue 27, finding 4): with
+    search_path = public, pg_catalog, a role that can create in public planted an operator that
+    the superuser's DROP then ran, with the superuser's rights. Every operator is qualified now."""
+    db = unique("it_dropcount")
+    attacker = unique("it_attacker")
+    logt = f"attack_log_{attacker}"
+    conn = pg_connect(env)
+    try:
+        query(conn, f'CREATE DATABASE "{db}"')
+        d = pg_connect(dataclasses.replace(env, pg_database=db))
+        try:
+            query(d, "CREATE EXTENSION outbox")
+            query(d, "SELECT outbox.emit('it_dropcount', 'a', 'e', '{}')")
+            query(d, f'CREATE ROLE "{attacker}"')
+            query(d, f'GRANT USAGE, CREATE ON SCHEMA public TO "{attacker}"')
+            query(d, f'SET ROLE "{attacker}"')
+            query(d, PLANT.format(log=logt))
+            for i, (op, typ) in enumerate(((">", "bigint"), ("<=", "bigint"), ("=", "xid8"), (">=", "xid8"))):
+                name = f"evil_drop_count_{i}"
+                query(d, f"CREATE FUNCTION public.{name}({typ}, {typ}) RETURNS boolean LANGUAGE sql"
+                         f" AS $$ INSERT INTO public.{logt} (what) VALUES ('{op} {typ}') RETURNING true $$;"
+                         f" CREATE OPERATOR public.{op} (LEFTARG = {typ}, RIGHTARG = {typ}, FUNCTION = public.{name})")
+            query(d, "RESET ROLE")
+            query(d, "SET search_path = public, pg_catalog")
+            # the planted operators do work in this session (so this test can fail)
+            assert query_one(d, "SELECT 1::bigint > 2::bigint")[0] is True
+            query(d, f"TRUNCATE public.{logt}")
+            query(d, "DROP EXTENSION outbox")
+            warned = [n for n in d.notices if "DROP EXTENSION outbox discarded" in n]
+            called = query(d, f"SELECT what, pg_catalog.count(*) FROM public.{logt} GROUP BY 1 ORDER BY 1")
+        finally:
+            d.close()
+        assert not called, f"DROP EXTENSION ran operators the caller's search_path put first: {called}"
+        assert any("discarded 1 event never published" in n for n in warned), warned
+    finally:
+        query(conn, f'DROP DATABASE IF EXISTS "{db}"')
+        drop_role(conn, attacker)
+        conn.close()

@@ -20,8 +20,9 @@ deletes ended).
 """
 import time
 
-from conftest import create_topics, new_aggregate_type, query, query_one, relay_status, report, wait_until
-from helpers_lifecycle import set_system
+from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, query, query_one,
+                      relay_status, report, wait_relay_ready, wait_until)
+from helpers_lifecycle import connect_db, db_env, extra_cluster, set_system
 
 N_EVENTS = 30_000
 # the second run's heap growth may be at most this share of the first run's, plus 1 MB
@@ -139,3 +140,37 @@ def test_vacuum_interval_zero_leaves_the_table_to_autovacuum(env, conn, prefix):
     report(f"OUTBOX VACUUM interval 0: (vacuum_count, autovacuum_count) {before} -> {after},"
            f" {workers} VACUUM workers running")
     assert after == before and workers == 0, "the relay started a VACUUM with outbox.vacuum_interval = 0"
+
+
+def test_drop_database_stops_the_relays_vacuum(env):
+    """DROP DATABASE, RENAME and TEMPLATE stop a database's relays first (PostgreSQL refuses them
+    while another session is connected), but not the relay's VACUUM worker, which is connected to
+    the database too (issue 27, finding 4): a plain DROP DATABASE during that VACUUM failed with
+    "database ... is being accessed by other users" after 5 s. The relay's fault hook holds the
+    VACUUM worker right after it connected, for longer than DROP DATABASE waits."""
+    db = "vacuum_drop"
+    with extra_cluster(env, "vacuumdrop", 29, database="postgres") as other:
+        c = wait_until(lambda: pg_connect(other), 30, "a connection")
+        query(c, f"CREATE DATABASE {db}")
+        d = connect_db(other, db)
+        query(d, "CREATE EXTENSION outbox")
+        set_system(c, "outbox.retention", "1s")
+        set_system(c, "outbox.vacuum_interval", "1s")
+        set_system(c, "outbox.databases", db)
+        wait_relay_ready(db_env(other, db))
+        watcher = LogWatcher(other)
+        with open(f"{other.pg_dir}/data/outbox_crash_vacuum_start", "w") as f:
+            f.write("sleep 60000 pass")
+        agg = new_aggregate_type("vacdrop")
+        assert query_one(d, EMIT_SQL, (agg, 2000))[0] == 2000
+        d.close()
+        wait_until(lambda: any('going on at "vacuum_start"' in ln for ln in watcher.new_lines()), 60,
+                   "the relay's VACUUM worker to start and hold")
+        assert query_one(c, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox vacuum'"
+                            " AND datname = %s", (db,))[0] == 1
+        t0 = time.monotonic()
+        query(c, f"DROP DATABASE {db}")
+        drop_s = time.monotonic() - t0
+        report(f"OUTBOX VACUUM DROP DATABASE: a plain DROP DATABASE while the relay's VACUUM worker held"
+               f" a connection returned in {drop_s:.2f}s")
+        c.close()

@@ -5,7 +5,7 @@ Issue 27: with every default (snapshot relay, at_least_once), a relay stopped by
 produced a snapshot batch recorded the whole batch as published, the unsent rest included: the
 events never reached Kafka, outbox.published(e) said true and the retention deleted them.
 
-The relay's fault hook (src/fault_point.c) sends the relay SIGTERM at a named step of its first
+The relay's fault hook (src/relay/fault_point.c) sends the relay SIGTERM at a named step of its first
 batch after resume(), 300 ms after it got there, so that the delivery reports of what it sent so
 far are in (as when a SIGTERM comes during a later fetch): a chunk of the cursor produced (mid_cursor), everything produced but no
 report yet (after_produce), every report in (after_ack).  Each is tried in both relay modes and
@@ -115,3 +115,51 @@ def test_sigterm_mid_batch_loses_nothing(env, conn, relay_modes, mode, delivery,
     wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.events e"
                                        " WHERE e.aggregate_type = %s AND NOT outbox.published(e)",
                                  (agg_type,))[0] == 0, 60, "every event to be marked published")
+
+
+@pytest.mark.parametrize("mode", ["snapshot", "row"])
+def test_exactly_once_record_waits_out_a_full_queue(env, conn, relay_modes, mode):
+    """exactly_once adds the progress record to each batch's Kafka transaction right after its
+    events. It was produced without the backpressure the events get: with librdkafka's local
+    queue full it was refused at once, the transaction aborted and the whole batch was sent
+    again, into the same full queue (issue 27, finding 3). A queue of 4 messages makes that
+    every time it happened. A read_uncommitted consumer sees the events of aborted transactions
+    too: it must see each event once (no batch sent twice), and the relay must never have taken
+    the abort for a broker outage ("cannot deliver events", with an empty reason)."""
+    agg_type = new_aggregate_type("eosqueue")
+    topic = topic_prefix(conn) + agg_type
+    create_topics(env, [topic])
+    reader = LightReader(env, [topic], {"isolation.level": "read_committed"})
+    raw = LightReader(env, [topic], {"isolation.level": "read_uncommitted"})
+    reader.wait_assigned()
+    raw.wait_assigned()
+    watcher = LogWatcher(env)
+    set_conf(conn, kafka_properties="queue.buffering.max.messages=4")
+    try:
+        relay_setting_reached(env, conn, "kafka_properties", "queue.buffering.max.messages=4")
+        relay_modes(mode, "exactly_once")
+        present = {}
+        for start in (1, 301):
+            rows = query(conn, "SELECT outbox.emit(%s, 'a' || (g %% 20), 'queue.event',"
+                               "                   jsonb_build_object('seq', g))::text, 'a' || (g %% 20), g"
+                               "  FROM generate_series(%s, %s) AS g ORDER BY g", (agg_type, start, start + 299))
+            present.update({eid: (agg, seq) for eid, agg, seq in rows})
+        missing = reader.wait_for(present, 90, extra=1)
+        raw.wait_for(present, 30, extra=1)
+        c = delivery_check(reader.snapshot(), present)
+        every_copy = delivery_check(raw.snapshot(), present)
+        reader.close()
+        raw.close()
+        outages = [ln for ln in watcher.new_lines() if "cannot deliver events" in ln]
+        report(f"OUTBOX EOS FULL QUEUE ({mode}): {len(present)} events through a 4-message queue,"
+               f" {len(missing)} missing, {c.duplicates} duplicates; {every_copy.duplicates} copies"
+               f" in aborted transactions, {len(outages)} outage warnings")
+        assert not missing, f"{len(missing)} of {len(present)} events never committed to Kafka"
+        assert_delivered(c, f"exactly_once through a full queue ({mode})")
+        assert c.duplicates == 0, f"{c.duplicates} duplicates with exactly_once"
+        assert every_copy.duplicates == 0, \
+            f"{every_copy.duplicates} events were sent again after an aborted transaction"
+        assert not outages, f"the relay took a full queue for an outage: {outages[:2]}"
+    finally:
+        set_conf(conn, kafka_properties=None)
+        wait_relay_ready(env)
