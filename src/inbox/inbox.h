@@ -200,7 +200,7 @@ extern bool inbox_sqlstate_is_transient(int sqlerrcode);
 extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
 
 /* the access checks of the SQL API (inbox_subscribe.c) */
-extern Oid	inbox_check_manage(const char *name, Oid caller);
+extern Oid	inbox_check_manage(const char *name, Oid caller, bool drop);
 extern void inbox_switch_to_owner(Oid *save_userid, int *save_sec);
 extern void inbox_switch_back(Oid save_userid, int save_sec);
 

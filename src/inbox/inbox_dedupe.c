@@ -32,8 +32,13 @@
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
-/* how often the worker looks whether the window has passed (ms) */
+/*
+ * how often the worker looks whether the window has passed (ms): once a
+ * minute, or four times per window when it is shorter
+ */
 #define ROTATE_CHECK_MS		60000
+#define ROTATE_CHECK_INTERVAL() \
+	Min(ROTATE_CHECK_MS, (int64) outbox_inbox_dedupe_window * 250)
 
 static SPIPlanPtr probe_plans[2];
 static SPIPlanPtr insert_plans[2];
@@ -151,7 +156,8 @@ inbox_dedupe_record(const char *subscription, const pg_uuid_t *id)
 
 /*
  * inbox_dedupe_rotate_if_due
- *		At most once a minute, in a transaction of its own (call between
+ *		At most once a minute (four times per window when it is shorter),
+ *		in a transaction of its own (call between
  *		batches): when the current slot has been current for
  *		outbox.inbox_dedupe_window, empty the other one and make it
  *		current.  A slot some other session holds a lock on (pg_dump reading
@@ -167,7 +173,7 @@ inbox_dedupe_rotate_if_due(void)
 	TimestampTz since;
 	Oid			other_rel;
 
-	if (!TimestampDifferenceExceeds(last_rotate_check, now, ROTATE_CHECK_MS))
+	if (!TimestampDifferenceExceeds(last_rotate_check, now, (int) ROTATE_CHECK_INTERVAL()))
 		return;
 	last_rotate_check = now;
 

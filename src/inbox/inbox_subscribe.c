@@ -76,20 +76,28 @@ inbox_switch_back(Oid save_userid, int save_sec)
 /*
  * inbox_check_manage
  *		ERROR unless subscription name exists (42704) and caller has the
- *		privileges of its owner (42501); returns the owner.  Call with SPI
- *		connected, as the extension's owner, passing the caller's role.
+ *		privileges of its owner (42501); returns the owner.  The row stays
+ *		locked to the end of the transaction: FOR UPDATE when drop, else
+ *		FOR KEY SHARE.  Call with SPI connected, as the extension's owner,
+ *		passing the caller's role.
  */
 Oid
-inbox_check_manage(const char *name, Oid caller)
+inbox_check_manage(const char *name, Oid caller, bool drop)
 {
 	Datum		values[1];
 	int			ret;
 	bool		isnull;
 	Oid			owner;
 
+	/*
+	 * FOR KEY SHARE keeps the subscription from being dropped meanwhile
+	 * without keeping the worker or another session waiting; a drop locks
+	 * it for itself.
+	 */
 	values[0] = CStringGetTextDatum(name);
-	ret = SPI_execute_with_args("SELECT owner::pg_catalog.oid FROM outbox.subscriptions"
-								" WHERE name = $1 FOR UPDATE",
+	ret = SPI_execute_with_args(drop ?
+								"SELECT owner::pg_catalog.oid FROM outbox.subscriptions WHERE name = $1 FOR UPDATE" :
+								"SELECT owner::pg_catalog.oid FROM outbox.subscriptions WHERE name = $1 FOR KEY SHARE",
 								1, (Oid[]) {TEXTOID}, values, NULL, false, 1);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "outbox: reading the subscriptions failed: %s", SPI_result_code_string(ret));
@@ -324,7 +332,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	inbox_switch_to_owner(&save_userid, &save_sec);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	(void) inbox_check_manage(name, caller);
+	(void) inbox_check_manage(name, caller, true);
 	values[0] = CStringGetTextDatum(name);
 	for (i = 0; i < (int) lengthof(deletes); i++)
 	{

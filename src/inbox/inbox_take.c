@@ -78,7 +78,7 @@ outbox_inbox_take(PG_FUNCTION_ARGS)
 	inbox_switch_to_owner(&save_userid, &save_sec);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	(void) inbox_check_manage(name, caller);
+	(void) inbox_check_manage(name, caller, false);
 	values[0] = CStringGetTextDatum(name);
 	values[1] = Int64GetDatum((int64) PG_GETARG_INT32(1));
 	ret = SPI_execute_with_args(TAKE_SQL, 2, (Oid[]) {TEXTOID, INT8OID}, values, NULL,
