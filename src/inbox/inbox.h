@@ -199,6 +199,16 @@ extern bool inbox_sqlstate_is_transient(int sqlerrcode);
 /* inbox_worker.c */
 extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
 
+/* inbox_attempts.c: records that may crash the worker */
+extern void inbox_attempts_begin(Oid dboid);
+extern bool inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
+								   int64 offset);
+extern void inbox_attempts_note_run(InboxSubscription *sub,
+									rd_kafka_message_t **msgs, int n);
+extern void inbox_attempts_end_batch(InboxSubscription *sub);
+extern int	inbox_attempts_mark(InboxSubscription *sub, InboxPartition *part,
+								int64 offset);
+
 /* the access checks of the SQL API (inbox_subscribe.c) */
 extern Oid	inbox_check_manage(const char *name, Oid caller, bool drop);
 extern void inbox_switch_to_owner(Oid *save_userid, int *save_sec);

@@ -54,7 +54,8 @@ typedef struct Verdict
 	bool		failed;
 	char	   *error;
 	char		sqlstate[6];
-	int			attempts;
+	int			attempts;		/* failed calls, when failed */
+	int			transient;		/* runs it failed with a transient error */
 } Verdict;
 
 /* keys that failed in this run (on_failed_event = hold) */
@@ -91,6 +92,10 @@ typedef struct Failure
 	bool		cancelled;		/* 57014 not from the handler timeout */
 } Failure;
 
+static void apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
+					  Verdict *verdicts);
+static void crashed(InboxSubscription *sub, Verdict *v, rd_kafka_message_t *msg,
+					int ends);
 static bool run_kafka_batch(InboxSubscription *sub, rd_kafka_message_t **msgs,
 							int n, Verdict *verdicts, Tally *tallies,
 							Failure *failure);
@@ -99,7 +104,7 @@ static bool run_retry(InboxSubscription *sub, int64 *ids, Verdict *verdicts,
 static Outcome settle(InboxSubscription *sub, InboxEvent *ev, Verdict *v,
 					  HeldKeys *held);
 static bool judge(InboxSubscription *sub, Verdict *v, const char *where,
-				  Failure *failure, int *transient);
+				  Failure *failure);
 static void catch_failure(Failure *failure, volatile int *current,
 						  MemoryContext cxt);
 
@@ -125,15 +130,74 @@ inbox_sqlstate_is_transient(int sqlerrcode)
  *		return the partitions' next_offset in sub are the committed ones.
  *		The caller keeps and later destroys the messages.  An error that is
  *		no record's is raised.
+ *
+ * Records the previous worker may have ended in (inbox_attempts.c) are
+ * applied one at a time, each after an attempt mark; the others in runs of
+ * consecutive records, so that each partition keeps its order.
  */
 void
 inbox_apply_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 {
 	Verdict    *verdicts = palloc0(sizeof(Verdict) * n);
+	int			start = 0;
+	int			i;
+
+	for (i = 0; i <= n; i++)
+	{
+		InboxPartition *part = i < n ?
+			inbox_find_partition(sub, rd_kafka_topic_name(msgs[i]->rkt), msgs[i]->partition) :
+			NULL;
+
+		if (i < n && (part == NULL || !inbox_attempts_careful(sub, part, msgs[i]->offset)))
+			continue;
+		if (i > start)
+			apply_run(sub, msgs + start, i - start, verdicts + start);
+		if (i < n)
+		{
+			int			ends = inbox_attempts_mark(sub, part, msgs[i]->offset);
+
+			if (ends >= outbox_inbox_max_attempts)
+				crashed(sub, &verdicts[i], msgs[i], ends);
+			apply_run(sub, msgs + i, 1, verdicts + i);
+		}
+		start = i + 1;
+	}
+	inbox_attempts_end_batch(sub);
+	for (i = 0; i < n; i++)
+		if (verdicts[i].failed)
+			inbox_count(0, 1, 0);
+}
+
+/*
+ * The verdict on a record the worker ended in ends times: a dead letter,
+ * without another call.
+ */
+static void
+crashed(InboxSubscription *sub, Verdict *v, rd_kafka_message_t *msg, int ends)
+{
+	v->failed = true;
+	v->error = psprintf("the inbox worker ended %d times while it applied this record (the handler crashed its process, or the process was killed)",
+						ends);
+	strlcpy(v->sqlstate, unpack_sql_state(ERRCODE_INTERNAL_ERROR), sizeof(v->sqlstate));
+	v->attempts = ends;
+	ereport(WARNING,
+			(errmsg("outbox inbox: subscription \"%s\": the record at topic \"%s\", partition %d, offset %lld becomes a dead letter",
+					sub->name, rd_kafka_topic_name(msg->rkt), msg->partition,
+					(long long) msg->offset),
+			 errdetail("%s.", v->error),
+			 errhint("See outbox.inbox_dead; outbox.inbox_retry('%s') applies it again.", sub->name)));
+}
+
+/*
+ * Apply one run of consecutive records msgs[0..n-1] with their verdicts
+ * (see inbox_apply_batch), running it again until it commits.
+ */
+static void
+apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
+		  Verdict *verdicts)
+{
 	Tally	   *tallies = palloc0(sizeof(Tally) * Max(sub->npartitions, 1));
-	int			transient = 0;
 	int64		applied = 0;
-	int64		dead = 0;
 	int			i;
 
 	for (;;)
@@ -142,6 +206,7 @@ inbox_apply_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 		char	   *where;
 
 		memset(tallies, 0, sizeof(Tally) * Max(sub->npartitions, 1));
+		inbox_attempts_note_run(sub, msgs, n);
 		if (run_kafka_batch(sub, msgs, n, verdicts, tallies, &failure))
 			break;
 		if (failure.index < 0)
@@ -150,7 +215,7 @@ inbox_apply_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 						 rd_kafka_topic_name(msgs[failure.index]->rkt),
 						 msgs[failure.index]->partition,
 						 (long long) msgs[failure.index]->offset);
-		(void) judge(sub, &verdicts[failure.index], where, &failure, &transient);
+		(void) judge(sub, &verdicts[failure.index], where, &failure);
 	}
 	for (i = 0; i < sub->npartitions; i++)
 	{
@@ -160,32 +225,29 @@ inbox_apply_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 		applied += tallies[i].applied;
 		inbox_status_applied(sub->partitions[i].status);
 	}
-	for (i = 0; i < n; i++)
-		dead += verdicts[i].failed;
-	inbox_count(applied, dead, 0);
+	inbox_count(applied, 0, 0);
 }
 
 /*
  * After a run failed at a record: decide its verdict.  A transient error
  * (or a cancel) leaves it undecided for another run, after a pause, until
- * outbox.inbox_max_attempts runs failed so; any other error makes it a
- * dead letter in the next run.  where names the record for the log.
- * Returns true if the record is now failed.
+ * the record failed so in outbox.inbox_max_attempts runs; any other error
+ * makes it a dead letter in the next run.  where names the record for the
+ * log.  Returns true if the record is now failed.
  */
 static bool
-judge(InboxSubscription *sub, Verdict *v, const char *where, Failure *failure,
-	  int *transient)
+judge(InboxSubscription *sub, Verdict *v, const char *where, Failure *failure)
 {
 	ErrorData  *edata = failure->edata;
 
 	inbox_count(0, 0, 1);
 	if ((failure->cancelled || inbox_sqlstate_is_transient(edata->sqlerrcode)) &&
-		*transient + 1 < outbox_inbox_max_attempts)
+		v->transient + 1 < outbox_inbox_max_attempts)
 	{
-		long		pause = Min((long) TRANSIENT_PAUSE_MIN_MS << Min(*transient, 6),
+		long		pause = Min((long) TRANSIENT_PAUSE_MIN_MS << Min(v->transient, 6),
 								TRANSIENT_PAUSE_MAX_MS);
 
-		(*transient)++;
+		v->transient++;
 		ereport(LOG,
 				(errmsg("outbox inbox: subscription \"%s\": the handler failed at %s with a transient error, trying again in %ld ms",
 						sub->name, where, pause),
@@ -200,8 +262,7 @@ judge(InboxSubscription *sub, Verdict *v, const char *where, Failure *failure,
 	v->failed = true;
 	v->error = pstrdup(edata->message ? edata->message : "unknown error");
 	strlcpy(v->sqlstate, unpack_sql_state(edata->sqlerrcode), sizeof(v->sqlstate));
-	v->attempts = Max(v->attempts, 0) + *transient + 1;
-	*transient = 0;
+	v->attempts = v->transient + 1;
 	ereport(WARNING,
 			(errmsg("outbox inbox: subscription \"%s\": the handler failed at %s; the event becomes a dead letter",
 					sub->name, where),
@@ -402,7 +463,6 @@ inbox_retry_dead(InboxSubscription *sub)
 	int64	   *ids = palloc0(sizeof(int64) * max);
 	Verdict    *verdicts = palloc0(sizeof(Verdict) * max);
 	int			n = 0;
-	int			transient = 0;
 
 	for (;;)
 	{
@@ -426,7 +486,7 @@ inbox_retry_dead(InboxSubscription *sub)
 		i = failure.index;
 		(void) judge(sub, &verdicts[i],
 					 psprintf("dead letter %lld", (long long) ids[i]),
-					 &failure, &transient);
+					 &failure);
 	}
 	sub->retry_pending = false;
 }

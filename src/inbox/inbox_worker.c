@@ -136,6 +136,7 @@ outbox_inbox_main(Datum main_arg)
 	}
 	ereport(LOG,
 			(errmsg("outbox inbox started for database \"%s\"", inbox_database)));
+	inbox_attempts_begin(MyDatabaseId);
 	inbox_loop();
 }
 
@@ -193,6 +194,8 @@ inbox_loop(void)
 		if (reload_pending)
 			reload();
 		refresh(false);
+		if (reload_pending)
+			continue;
 		inbox_dedupe_rotate_if_due();
 		applied = apply_ready();
 		error_backoff_ms = 0;
@@ -293,6 +296,14 @@ refresh(bool force)
 	}
 	if (due)
 	{
+		/* a handler created again, a setting allowing superusers: look again */
+		foreach(lc, subscriptions)
+		{
+			InboxSubscription *sub = lfirst(lc);
+
+			if (!sub->paused && !sub->copy && inbox_subscription_problem(sub) != NULL)
+				reload_pending = true;
+		}
 		last_refresh = now;
 		StartTransactionCommand();
 		PushActiveSnapshot(GetTransactionSnapshot());
