@@ -103,6 +103,7 @@ typedef struct InboxSubscription
 	bool		paused;
 	bool		copy;			/* restored elsewhere: apply nothing */
 	bool		refused;		/* owner is a superuser, not allowed */
+	char	   *problem;		/* why it does not consume, or NULL */
 	int			npartitions;
 	int			maxpartitions;
 	InboxPartition *partitions;
@@ -148,6 +149,12 @@ extern bool inbox_consumer_refresh(InboxSubscription *sub, int timeout_ms);
 extern bool inbox_consumer_resolve_time(InboxSubscription *sub,
 										const char *topic, int32 partition,
 										TimestampTz when, int64 *offset);
+extern bool inbox_consumer_resolve_start(InboxSubscription *sub,
+										 const char *topic, int32 partition,
+										 int64 *offset);
+extern bool inbox_consumer_resolve_end(InboxSubscription *sub,
+									   const char *topic, int32 partition,
+									   int64 *offset);
 extern void inbox_consumer_watermarks(InboxSubscription *sub);
 extern bool inbox_consumer_broker_down(InboxSubscription *sub, char *why,
 									   size_t len);

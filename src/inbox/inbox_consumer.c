@@ -452,6 +452,34 @@ inbox_consumer_resolve_time(InboxSubscription *sub, const char *topic,
 }
 
 /*
+ * inbox_consumer_resolve_start / inbox_consumer_resolve_end
+ *		The first offset Kafka has of (topic, partition), or its end (the
+ *		offset the next record will get), into *offset; false when Kafka did
+ *		not answer within 2 s.  A request to the partition's leader.
+ */
+bool
+inbox_consumer_resolve_start(InboxSubscription *sub, const char *topic,
+							 int32 partition, int64 *offset)
+{
+	int64		high;
+
+	return sub->consumer != NULL &&
+		rd_kafka_query_watermark_offsets(sub->consumer->rk, topic, partition,
+										 offset, &high, 2000) == RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+bool
+inbox_consumer_resolve_end(InboxSubscription *sub, const char *topic,
+						   int32 partition, int64 *offset)
+{
+	int64		low;
+
+	return sub->consumer != NULL &&
+		rd_kafka_query_watermark_offsets(sub->consumer->rk, topic, partition,
+										 &low, offset, 2000) == RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+/*
  * inbox_consumer_watermarks
  *		Show each assigned partition's high watermark as librdkafka last
  *		heard it from a fetch (no request is made).

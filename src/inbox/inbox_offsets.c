@@ -33,6 +33,8 @@
 
 static SPIPlanPtr advance_plan = NULL;
 
+static void resolve_ends(InboxSubscription *sub);
+
 /*
  * inbox_find_partition
  *		sub's partition (topic, partition), or NULL.
@@ -234,9 +236,11 @@ inbox_offsets_advance(InboxSubscription *sub, InboxPartition *part,
  * inbox_offsets_resolve_seeks
  *		Move each partition of sub with a seek_time pending to the first
  *		offset at or after that time (Kafka's answer; its end when no record
- *		is that late), clearing seek_time in the same compare-and-set.  A
- *		partition Kafka cannot answer for now stays pending.  Call in a
- *		transaction with SPI connected, with sub's consumer built.
+ *		is that late), clearing seek_time in the same compare-and-set; then
+ *		place the partitions that start at their first offset or their end
+ *		(see resolve_ends).  A partition Kafka cannot answer for now stays
+ *		as it is.  Call in a transaction with SPI connected, with sub's
+ *		consumer built.
  */
 void
 inbox_offsets_resolve_seeks(InboxSubscription *sub)
@@ -268,6 +272,8 @@ inbox_offsets_resolve_seeks(InboxSubscription *sub)
 
 		if (p == NULL || !inbox_consumer_resolve_time(sub, topic, partition, when, &offset))
 			continue;
+		if (offset == -1 && !inbox_consumer_resolve_end(sub, topic, partition, &offset))
+			continue;
 		args[0] = CStringGetTextDatum(sub->name);
 		args[1] = CStringGetTextDatum(topic);
 		args[2] = Int32GetDatum(partition);
@@ -287,6 +293,50 @@ inbox_offsets_resolve_seeks(InboxSubscription *sub)
 			p->seek_pending = false;
 			p->stalled = false;
 		}
+	}
+	resolve_ends(sub);
+}
+
+/*
+ * Replace a next_offset of -2 (the partition's first offset) or -1 (its end)
+ * with the offset Kafka has there now, by compare-and-set, so that the
+ * position is fixed when the worker takes it up (a record that comes after
+ * a seek to the end is applied) and outbox.inbox_status shows it.  A
+ * partition Kafka does not answer for keeps its -2 or -1: the consumer then
+ * resolves it itself when it starts fetching.
+ */
+static void
+resolve_ends(InboxSubscription *sub)
+{
+	int			i;
+
+	for (i = 0; i < sub->npartitions; i++)
+	{
+		InboxPartition *p = &sub->partitions[i];
+		int64		offset;
+		Datum		args[5];
+		int			ret;
+
+		if (p->next_offset >= 0 || p->seek_pending ||
+			!(p->next_offset == -1 ?
+			  inbox_consumer_resolve_end(sub, p->topic, p->partition, &offset) :
+			  inbox_consumer_resolve_start(sub, p->topic, p->partition, &offset)))
+			continue;
+		args[0] = CStringGetTextDatum(sub->name);
+		args[1] = CStringGetTextDatum(p->topic);
+		args[2] = Int32GetDatum(p->partition);
+		args[3] = Int64GetDatum(p->next_offset);
+		args[4] = Int64GetDatum(offset);
+		ret = SPI_execute_with_args("UPDATE outbox.inbox_offsets SET next_offset = $5"
+									" WHERE subscription = $1 AND topic = $2 AND kafka_partition = $3"
+									"   AND next_offset = $4 AND seek_time IS NULL",
+									5, (Oid[]) {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID},
+									args, NULL, false, 0);
+		if (ret != SPI_OK_UPDATE)
+			elog(ERROR, "outbox inbox: placing a partition failed: %s",
+				 SPI_result_code_string(ret));
+		if (SPI_processed == 1)
+			p->next_offset = offset;
 	}
 }
 

@@ -22,9 +22,11 @@
 #include "outbox.h"
 #include "inbox/inbox.h"
 
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
@@ -140,6 +142,17 @@ subscription_from_row(HeapTuple row, TupleDesc desc)
 	sub->copy = DatumGetBool(SPI_getbinval(row, desc, 11, &isnull));
 	sub->retry_pending = DatumGetBool(SPI_getbinval(row, desc, 12, &isnull));
 	sub->refused = superuser_arg(sub->owner) && !outbox_inbox_superuser_subscriptions;
+	if (sub->refused)
+		sub->problem = psprintf("the subscription's role \"%s\" is a superuser and outbox.inbox_superuser_subscriptions is off: nothing is applied",
+								GetUserNameFromId(sub->owner, true) ? GetUserNameFromId(sub->owner, true) : "?");
+	else if (sub->handler_missing)
+		sub->problem = psprintf("handler %s does not exist: nothing is applied until it is created again",
+								sub->handler_text);
+	else if (OidIsValid(sub->handler) &&
+			 outbox_proc_aclcheck(sub->handler, sub->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		sub->problem = psprintf("role \"%s\" may not execute handler %s: nothing is applied until it may",
+								GetUserNameFromId(sub->owner, true) ? GetUserNameFromId(sub->owner, true) : "?",
+								sub->handler_text);
 	sub->cxt = cxt;
 	MemoryContextSwitchTo(oldcxt);
 	return sub;
@@ -152,24 +165,20 @@ subscription_from_row(HeapTuple row, TupleDesc desc)
 bool
 inbox_subscription_active(const InboxSubscription *sub)
 {
-	return !sub->paused && !sub->copy && !sub->refused && !sub->handler_missing;
+	return !sub->paused && !sub->copy && sub->problem == NULL;
 }
 
 /*
  * inbox_subscription_problem
  *		Why an unpaused subscription that is no copy does not consume, in
- *		words for outbox.inbox_status, or NULL if it does.
+ *		words for outbox.inbox_status (made when it was loaded: no catalog
+ *		access here, so it may be asked outside a transaction), or NULL if it
+ *		does.
  */
 const char *
 inbox_subscription_problem(const InboxSubscription *sub)
 {
-	if (sub->refused)
-		return psprintf("the subscription's role \"%s\" is a superuser and outbox.inbox_superuser_subscriptions is off: nothing is applied",
-						GetUserNameFromId(sub->owner, true) ? GetUserNameFromId(sub->owner, true) : "?");
-	if (sub->handler_missing)
-		return psprintf("handler %s does not exist: nothing is applied until it is created again",
-						sub->handler_text);
-	return NULL;
+	return sub->problem;
 }
 
 /*

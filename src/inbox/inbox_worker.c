@@ -70,6 +70,7 @@ static int	error_backoff_ms = 0;
 static bool reload_pending = true;
 static uint32 loaded_seq = 0;
 static TimestampTz last_refresh = 0;
+static TimestampTz last_problem_look = 0;
 static rd_kafka_message_t **batch = NULL;
 static int	batch_count = 0;
 
@@ -134,6 +135,7 @@ outbox_inbox_main(Datum main_arg)
 		inbox_shmem_note_no_subscriptions();
 		proc_exit(0);
 	}
+	inbox_shmem_note_serving();
 	ereport(LOG,
 			(errmsg("outbox inbox started for database \"%s\"", inbox_database)));
 	inbox_attempts_begin(MyDatabaseId);
@@ -294,9 +296,10 @@ refresh(bool force)
 			TimestampDifferenceExceeds(last_refresh, now, REFRESH_BUSY_MS))
 			due = true;
 	}
-	if (due)
+	/* a handler created again, a setting allowing superusers: look again */
+	if (TimestampDifferenceExceeds(last_problem_look, now, REFRESH_MS))
 	{
-		/* a handler created again, a setting allowing superusers: look again */
+		last_problem_look = now;
 		foreach(lc, subscriptions)
 		{
 			InboxSubscription *sub = lfirst(lc);
@@ -304,6 +307,9 @@ refresh(bool force)
 			if (!sub->paused && !sub->copy && inbox_subscription_problem(sub) != NULL)
 				reload_pending = true;
 		}
+	}
+	if (due)
+	{
 		last_refresh = now;
 		StartTransactionCommand();
 		PushActiveSnapshot(GetTransactionSnapshot());

@@ -42,6 +42,7 @@ typedef struct InboxWorkerShared
 	slock_t		mutex;
 	uint32		control_seq;	/* bumped at commit of the SQL API */
 	bool		no_subscriptions;	/* the worker exits: nothing to consume */
+	bool		serving;		/* it found subscriptions (a probe never does) */
 	InboxState	state;
 	int64		applied;		/* since the worker started */
 	int64		dead;
@@ -164,6 +165,7 @@ inbox_shmem_register(int slot)
 	w = &inbox_shared->workers[slot];
 	SpinLockAcquire(&w->mutex);
 	w->no_subscriptions = false;
+	w->serving = false;
 	w->state = INBOX_STATE_STARTING;
 	w->applied = w->dead = w->errors = 0;
 	w->last_applied_at = w->last_error_at = 0;
@@ -204,6 +206,25 @@ inbox_shmem_note_no_subscriptions(void)
 	w = &inbox_shared->workers[my_slot];
 	SpinLockAcquire(&w->mutex);
 	w->no_subscriptions = true;
+	SpinLockRelease(&w->mutex);
+}
+
+/*
+ * inbox_shmem_note_serving
+ *		The calling worker found subscriptions and stays: from now on the
+ *		status views show it (a worker that only looked and exits never
+ *		shows).
+ */
+void
+inbox_shmem_note_serving(void)
+{
+	InboxWorkerShared *w;
+
+	if (my_slot < 0)
+		return;
+	w = &inbox_shared->workers[my_slot];
+	SpinLockAcquire(&w->mutex);
+	w->serving = true;
 	SpinLockRelease(&w->mutex);
 }
 
@@ -540,6 +561,7 @@ inbox_shmem_copy_worker(int slot, InboxWorkerCopy *out)
 		return false;
 	w = &inbox_shared->workers[slot];
 	SpinLockAcquire(&w->mutex);
+	out->serving = w->serving;
 	out->state = w->state;
 	out->applied = w->applied;
 	out->dead = w->dead;

@@ -41,6 +41,7 @@ typedef enum InboxState
 /* copies for the status readers (inbox_status.c) */
 typedef struct InboxWorkerCopy
 {
+	bool		serving;
 	InboxState	state;
 	int64		applied;
 	int64		dead;
@@ -72,6 +73,7 @@ extern Size outbox_inbox_shmem_size(void);
 extern void outbox_inbox_shmem_init(void);
 extern void inbox_shmem_register(int slot);
 extern void inbox_shmem_note_no_subscriptions(void);
+extern void inbox_shmem_note_serving(void);
 extern bool inbox_shmem_slot_idle(int slot);
 extern uint32 inbox_shmem_control_seq(void);
 extern void inbox_set_state(InboxState state, const char *error);

@@ -131,7 +131,7 @@ outbox_inbox_worker_partitions(PG_FUNCTION_ARGS)
 	tupdesc = rsinfo->setDesc;
 	if (outbox_shared == NULL || tupdesc->natts != 9 ||
 		!find_worker(MyDatabaseId, &slot, &pid, &started_at, NULL) ||
-		!inbox_shmem_copy_worker(slot, &w))
+		!inbox_shmem_copy_worker(slot, &w) || !w.serving)
 		return (Datum) 0;
 
 	memset(nulls, true, sizeof(nulls));
@@ -198,7 +198,7 @@ outbox_inbox_cluster_rows(ReturnSetInfo *rsinfo)
 		started_at = s->started_at;
 		strlcpy(dbname, s->database_name, NAMEDATALEN);
 		SpinLockRelease(&s->mutex);
-		if (!runs || !inbox_shmem_copy_worker(i, &w))
+		if (!runs || !inbox_shmem_copy_worker(i, &w) || !w.serving)
 			continue;
 
 		values = palloc0(sizeof(Datum) * tupdesc->natts);
