@@ -210,8 +210,9 @@ extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
 extern void inbox_attempts_begin(Oid dboid);
 extern bool inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 								   int64 offset);
-extern void inbox_attempts_note_run(InboxSubscription *sub,
-									rd_kafka_message_t **msgs, int n);
+extern void inbox_attempts_calling(const char *subscription,
+								   const InboxEvent *ev);
+extern void inbox_attempts_called(void);
 extern void inbox_attempts_end_batch(InboxSubscription *sub);
 extern int	inbox_attempts_mark(InboxSubscription *sub, InboxPartition *part,
 								int64 offset);

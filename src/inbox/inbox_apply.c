@@ -131,9 +131,9 @@ inbox_sqlstate_is_transient(int sqlerrcode)
  *		The caller keeps and later destroys the messages.  An error that is
  *		no record's is raised.
  *
- * Records the previous worker may have ended in (inbox_attempts.c) are
- * applied one at a time, each after an attempt mark; the others in runs of
- * consecutive records, so that each partition keeps its order.
+ * The record the previous worker ended in (inbox_attempts.c) is applied
+ * alone, after an attempt mark; the others in runs of consecutive records,
+ * so that each partition keeps its order.
  */
 void
 inbox_apply_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
@@ -206,7 +206,6 @@ apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 		char	   *where;
 
 		memset(tallies, 0, sizeof(Tally) * Max(sub->npartitions, 1));
-		inbox_attempts_note_run(sub, msgs, n);
 		if (run_kafka_batch(sub, msgs, n, verdicts, tallies, &failure))
 			break;
 		if (failure.index < 0)
@@ -283,6 +282,7 @@ catch_failure(Failure *failure, volatile int *current, MemoryContext cxt)
 
 	MemoryContextSwitchTo(cxt);
 	HOLD_INTERRUPTS();
+	inbox_attempts_called();
 	timed_out = inbox_handler_cleanup();
 	failure->edata = CopyErrorData();
 	FlushErrorState();

@@ -1,33 +1,33 @@
 /*-------------------------------------------------------------------------
  *
  * inbox_attempts.c
- *	  Records that may crash the inbox worker: applied one at a time after
- *	  a crash, and dead-lettered after outbox.inbox_max_attempts crashes,
- *	  so that a handler that kills its process (a bug in C code, the OOM
- *	  killer) costs a bounded number of restarts instead of a crash loop.
+ *	  Records that may crash the inbox worker: applied alone after a crash,
+ *	  and dead-lettered after outbox.inbox_max_attempts crashes, so that a
+ *	  handler that kills its process (a bug in C code, the OOM killer) costs
+ *	  a bounded number of restarts instead of a crash loop.
  *
  * A handler's ERROR rolls a batch back and the worker goes on (inbox_apply.c);
  * a crash ends the process, with the batch's transaction, and the next
  * worker would run the same batch again and crash again.  So:
- *	- Before each run of a batch the worker writes which records it is
- *	  about to apply (per subscription and partition, the first and last
- *	  offset) to a small file in the data directory, and empties it once
- *	  the batch is settled.  The write costs a few microseconds (no fsync:
- *	  it only has to survive the process, not the machine).
- *	- A worker that starts and finds the file not empty knows its
- *	  predecessor ended inside those records.  It applies each of them in a
- *	  transaction of its own, after committing an attempt mark on the
- *	  partition's offsets row (attempt_offset, attempts).  The apply
- *	  transaction clears the mark with the offset (inbox_offsets.c).
- *	- A record whose mark shows it was being applied when the worker ended
- *	  outbox.inbox_max_attempts times (the first, optimistic run included)
+ *	- Before each handler call the worker writes which record it is about
+ *	  to apply (subscription, topic, partition, offset) over the first line
+ *	  of a small file in the data directory, and marks the line done when
+ *	  the call returns.  Two writes of a few bytes, no fsync: the file only
+ *	  has to outlive the process, not the machine.
+ *	- A worker that starts and finds a record there knows its predecessor
+ *	  ended inside that handler call.  It applies that record alone, after
+ *	  committing an attempt mark on the partition's offsets row
+ *	  (attempt_offset, attempts); the apply transaction clears the mark
+ *	  with the offset (inbox_offsets.c).
+ *	- A record whose mark shows that workers ended inside it
+ *	  outbox.inbox_max_attempts times (the first, unmarked, included)
  *	  becomes a dead letter without another call.
- * Only the records of the batch a worker ended in pay for this; every
- * other batch runs as one transaction.  Any end of the process counts as
- * a crash here (a kill -9 of the server too): the worst case is a record
- * applied alone, or, after as many ends inside that same record as
- * outbox.inbox_max_attempts, a dead letter that outbox.inbox_retry()
- * brings back.
+ * Only the record a worker ended in pays for this; batches run as one
+ * transaction.  Any end of the process inside a handler call counts (a
+ * kill -9 of the server too): the worst case is one record applied alone,
+ * or, after as many ends inside that same record as
+ * outbox.inbox_max_attempts, a dead letter that outbox.inbox_retry() brings
+ * back.  Queue mode calls no handler and writes nothing here.
  *
  *-------------------------------------------------------------------------
  */
@@ -42,70 +42,70 @@
 #include "common/file_perm.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
-#include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
-/* records of one partition the previous worker may have ended in */
-typedef struct CarefulRange
-{
-	char		subscription[NAMEDATALEN];
-	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
-	int32		partition;
-	int64		first;
-	int64		last;
-} CarefulRange;
+/* the record the previous worker ended in, if it ended in a handler call */
+static bool have_careful = false;
+static char careful_subscription[NAMEDATALEN];
+static char careful_topic[OUTBOX_TOPIC_MAX_LEN + 1];
+static int32 careful_partition;
+static int64 careful_offset;
 
-static List *careful = NIL;
+static int	file = -1;
 static char path[MAXPGPATH];
 
 /*
  * inbox_attempts_begin
- *		At the worker's start: read what the previous worker of database
- *		dboid was applying when it ended (and remove the file).
+ *		At the worker's start: read the record the previous worker of
+ *		database dboid was in a handler call for when it ended, if any, and
+ *		open the file for this worker's calls.  A file that cannot be opened
+ *		is logged; the worker then runs without this guard.
  */
 void
 inbox_attempts_begin(Oid dboid)
 {
 	FILE	   *f;
-	char		line[1024];
-	MemoryContext old;
+	char		line[1024] = "";
 
 	snprintf(path, sizeof(path), "%s/outbox_inbox_%u.inflight", DataDir, dboid);
 	f = fopen(path, "r");
-	if (f == NULL)
-		return;
-	old = MemoryContextSwitchTo(TopMemoryContext);
-	while (fgets(line, sizeof(line), f) != NULL)
+	if (f != NULL)
 	{
-		CarefulRange *r = palloc0(sizeof(CarefulRange));
-		char	   *fields[5];
-		char	   *save = NULL;
-		int			n = 0;
-		char	   *tok;
-
-		for (tok = strtok_r(line, "\t\n", &save); tok != NULL && n < 5;
-			 tok = strtok_r(NULL, "\t\n", &save))
-			fields[n++] = tok;
-		if (n != 5)
+		if (fgets(line, sizeof(line), f) != NULL && line[0] != '#' && line[0] != '\0')
 		{
-			pfree(r);
-			continue;
+			char	   *fields[4];
+			char	   *save = NULL;
+			char	   *tok;
+			int			n = 0;
+
+			for (tok = strtok_r(line, "\t\n", &save); tok != NULL && n < 4;
+				 tok = strtok_r(NULL, "\t\n", &save))
+				fields[n++] = tok;
+			if (n == 4)
+			{
+				strlcpy(careful_subscription, fields[0], sizeof(careful_subscription));
+				strlcpy(careful_topic, fields[1], sizeof(careful_topic));
+				careful_partition = (int32) strtol(fields[2], NULL, 10);
+				careful_offset = strtoll(fields[3], NULL, 10);
+				have_careful = true;
+			}
 		}
-		strlcpy(r->subscription, fields[0], sizeof(r->subscription));
-		strlcpy(r->topic, fields[1], sizeof(r->topic));
-		r->partition = (int32) strtol(fields[2], NULL, 10);
-		r->first = strtoll(fields[3], NULL, 10);
-		r->last = strtoll(fields[4], NULL, 10);
-		careful = lappend(careful, r);
+		fclose(f);
 	}
-	MemoryContextSwitchTo(old);
-	fclose(f);
-	if (careful != NIL)
+	if (have_careful)
 		ereport(LOG,
-				(errmsg("outbox inbox: the previous worker of this database ended while it applied records of %d partition(s); they are applied one at a time",
-						list_length(careful))));
+				(errmsg("outbox inbox: the previous worker of this database ended in the handler of subscription \"%s\" at topic \"%s\", partition %d, offset %lld; that record is applied alone",
+						careful_subscription, careful_topic, careful_partition,
+						(long long) careful_offset)));
+	file = open(path, O_RDWR | O_CREAT | PG_BINARY, pg_file_create_mode);
+	if (file < 0)
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("outbox inbox: could not open \"%s\": %m", path)));
+	else
+		inbox_attempts_called();
 }
 
 /*
@@ -117,98 +117,61 @@ bool
 inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 					   int64 offset)
 {
-	ListCell   *lc;
-
-	foreach(lc, careful)
-	{
-		CarefulRange *r = lfirst(lc);
-
-		if (r->partition == part->partition && offset >= r->first &&
-			offset <= r->last && strcmp(r->subscription, sub->name) == 0 &&
-			strcmp(r->topic, part->topic) == 0)
-			return true;
-	}
-	return false;
+	return have_careful && offset == careful_offset &&
+		part->partition == careful_partition &&
+		strcmp(sub->name, careful_subscription) == 0 &&
+		strcmp(part->topic, careful_topic) == 0;
 }
 
 /*
- * inbox_attempts_note_run
- *		Write down, before a run of msgs[0..n-1] of sub, which records it is
- *		about to apply (see the file header).  A failure to write is logged
- *		and otherwise ignored: the file only bounds crash loops.
+ * inbox_attempts_calling
+ *		Write down that the handler of subscription is called for ev now
+ *		(see the file header).  A failed write is ignored: the file only
+ *		bounds crash loops.
  */
 void
-inbox_attempts_note_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
+inbox_attempts_calling(const char *subscription, const InboxEvent *ev)
 {
-	StringInfoData buf;
-	int			fd;
-	int			i;
-	int			j;
+	char		line[NAMEDATALEN + OUTBOX_TOPIC_MAX_LEN + 64];
+	int			len;
 
-	if (path[0] == '\0')
+	if (file < 0)
 		return;
-	initStringInfo(&buf);
-	for (i = 0; i < n; i++)
-	{
-		int64		first = msgs[i]->offset;
-		int64		last = msgs[i]->offset;
-		bool		seen = false;
+	len = snprintf(line, sizeof(line), "%s\t%s\t%d\t%lld\n", subscription, ev->topic,
+				   ev->partition, (long long) ev->offset);
+	if (pwrite(file, line, Min(len, (int) sizeof(line) - 1), 0) < 0)
+		return;
+}
 
-		for (j = 0; j < i && !seen; j++)
-			seen = msgs[j]->partition == msgs[i]->partition && msgs[j]->rkt == msgs[i]->rkt;
-		if (seen)
-			continue;
-		for (j = i + 1; j < n; j++)
-			if (msgs[j]->partition == msgs[i]->partition && msgs[j]->rkt == msgs[i]->rkt)
-			{
-				first = Min(first, msgs[j]->offset);
-				last = Max(last, msgs[j]->offset);
-			}
-		appendStringInfo(&buf, "%s\t%s\t%d\t%lld\t%lld\n", sub->name,
-						 rd_kafka_topic_name(msgs[i]->rkt), msgs[i]->partition,
-						 (long long) first, (long long) last);
-	}
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | PG_BINARY, pg_file_create_mode);
-	if (fd < 0 || write(fd, buf.data, buf.len) != buf.len)
-		ereport(LOG,
-				(errcode_for_file_access(),
-				 errmsg("outbox inbox: could not write \"%s\": %m", path)));
-	if (fd >= 0)
-		close(fd);
-	pfree(buf.data);
+/*
+ * inbox_attempts_called
+ *		The handler call returned (or raised an error the worker caught):
+ *		mark the line done.
+ */
+void
+inbox_attempts_called(void)
+{
+	if (file >= 0 && pwrite(file, "#", 1, 0) < 0)
+		return;
 }
 
 /*
  * inbox_attempts_end_batch
- *		The batch is settled: nothing is in flight.  Records of sub's
- *		partitions whose next_offset passed a careful range need no care any
- *		more.
+ *		A batch of sub is settled: once sub's partition passed the record the
+ *		previous worker ended in, it needs no care any more.
  */
 void
 inbox_attempts_end_batch(InboxSubscription *sub)
 {
-	ListCell   *lc;
-	int			fd;
+	int			i;
 
-	if (path[0] != '\0' && (fd = open(path, O_WRONLY | O_TRUNC | PG_BINARY, 0)) >= 0)
-		close(fd);
-	foreach(lc, careful)
-	{
-		CarefulRange *r = lfirst(lc);
-		int			i;
-
-		if (strcmp(r->subscription, sub->name) != 0)
-			continue;
-		for (i = 0; i < sub->npartitions; i++)
-			if (sub->partitions[i].partition == r->partition &&
-				strcmp(sub->partitions[i].topic, r->topic) == 0 &&
-				sub->partitions[i].next_offset > r->last)
-			{
-				careful = foreach_delete_current(careful, lc);
-				pfree(r);
-				break;
-			}
-	}
+	if (!have_careful || strcmp(sub->name, careful_subscription) != 0)
+		return;
+	for (i = 0; i < sub->npartitions; i++)
+		if (sub->partitions[i].partition == careful_partition &&
+			strcmp(sub->partitions[i].topic, careful_topic) == 0 &&
+			sub->partitions[i].next_offset > careful_offset)
+			have_careful = false;
 }
 
 /*

@@ -134,7 +134,9 @@ call_handler(InboxSubscription *sub, const InboxEvent *ev)
 	InitFunctionCallInfoData(*fcinfo, &handler_flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = arg;
 	fcinfo->args[0].isnull = false;
+	inbox_attempts_calling(sub->name, ev);
 	(void) FunctionCallInvoke(fcinfo);
+	inbox_attempts_called();
 
 	if (outbox_inbox_handler_timeout > 0)
 		disable_timeout(STATEMENT_TIMEOUT, false);
