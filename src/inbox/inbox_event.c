@@ -114,7 +114,10 @@ inbox_event_from_message(InboxEvent *ev, const rd_kafka_message_t *msg)
 			rd_kafka_header_get_last(hdrs, OUTBOX_HEADER_CE_ID, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			if (value == NULL)
-				value = "", size = 0;
+			{
+				value = "";
+				size = 0;
+			}
 			ev->has_event_id = true;
 			if (!parse_uuid(value, size, &ev->event_id))
 				hash_uuid(value, size, &ev->event_id);

@@ -222,6 +222,15 @@ reload(void)
 	loaded_seq = inbox_shmem_control_seq();
 	inbox_status_release_all();
 	forget_plans();
+	/* DROP EXTENSION outbox (or its last subscription) ends the worker */
+	if (!inbox_has_subscriptions())
+	{
+		ereport(LOG,
+				(errmsg("outbox inbox for database \"%s\" exits: no subscription left",
+						inbox_database)));
+		inbox_shmem_note_no_subscriptions();
+		proc_exit(0);
+	}
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)

@@ -214,9 +214,10 @@ launcher_pass(void)
 			unserved[nunserved++] = db;
 			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
 		}
-		inbox_launcher_serve(db, now, &nap);
 	}
 	report_unserved(unserved, nunserved);
+	/* inbox workers after every database's relays (launcher_inbox.c) */
+	inbox_launcher_serve_all(covered, nunserved == 0, now, &nap);
 	return nap;
 }
 

@@ -16,14 +16,20 @@
  * that runs, or was asked for by a subscription, comes right after the
  * first relay of every database; a worker that only looks for
  * subscriptions comes last, after every relay a database wants, so that it
- * never keeps a relay from its slot.  A worker that failed is started again
- * after a delay that doubles up to a minute, like a relay.
+ * never keeps a relay from its slot.  Background workers (max_worker_processes)
+ * are not shared out: so an inbox worker starts only once its database's
+ * relays all run, and one that only looks only once every covered
+ * database's relays run, never while a generation of relays starts or
+ * retires (it would take the background worker a relay needs, and the
+ * database would run fewer relays for a while).  A worker that failed is
+ * started again after a delay that doubles up to a minute, like a relay.
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
 #include "launcher/launcher_inbox.h"
 #include "launcher/launcher.h"
+#include "launcher/lifecycle.h"
 #include "shared/bgworker.h"
 #include "shared/inbox_shmem.h"
 #include "shared/shmem.h"
@@ -102,6 +108,63 @@ inbox_launcher_allot(List *eligible, int budget, bool first, TimestampTz now)
 		given++;
 	}
 	return given;
+}
+
+/*
+ * Do all of db's relays run, none stopping or retiring?  A database the
+ * last share gave no relay (none wanted, or no slot) has none to wait for.
+ */
+static bool
+relays_settled(const LauncherDb *db)
+{
+	int			j;
+
+	if (db->allotted == 0 || db->obstacle != NULL)
+		return true;
+	if (launcher_relays_running(db) < db->allotted)
+		return false;
+	for (j = 0; j < OUTBOX_MAX_WORKERS_PER_DATABASE; j++)
+		if (db->relays[j].handle != NULL && db->relays[j].stopping)
+			return false;
+	return true;
+}
+
+/*
+ * inbox_launcher_serve_all
+ *		After the relays of this pass: start the inbox workers of the
+ *		databases in covered (wanted ones; a blocked database is skipped)
+ *		whose relays all run; one that only looks for subscriptions only when
+ *		every database is served (served) and settled.  Lowers *nap (ms).
+ */
+void
+inbox_launcher_serve_all(List *covered, bool served, TimestampTz now, long *nap)
+{
+	bool		settled = served;
+	ListCell   *lc;
+
+	foreach(lc, covered)
+	{
+		LauncherDb *db = lfirst(lc);
+
+		if (db->wanted && !relays_settled(db))
+			settled = false;
+	}
+	foreach(lc, covered)
+	{
+		LauncherDb *db = lfirst(lc);
+		LauncherInbox *in = &db->inbox;
+
+		if (!db->wanted || (OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
+			continue;
+		if (!relays_settled(db) ||
+			(!settled && in->handle == NULL && !in->requested))
+		{
+			if (in->allotted && in->handle == NULL)
+				*nap = Min(*nap, 1000);
+			continue;
+		}
+		inbox_launcher_serve(db, now, nap);
+	}
 }
 
 /*

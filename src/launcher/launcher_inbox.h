@@ -34,6 +34,8 @@ extern int	inbox_launcher_allot(List *eligible, int budget, bool first,
 								 TimestampTz now);
 extern void inbox_launcher_serve(struct LauncherDb *db, TimestampTz now,
 								 long *nap);
+extern void inbox_launcher_serve_all(List *covered, bool served,
+									 TimestampTz now, long *nap);
 extern void inbox_launcher_reap(struct LauncherDb *db, TimestampTz now);
 extern void inbox_launcher_stop(struct LauncherDb *db);
 extern bool inbox_launcher_running(const struct LauncherDb *db);

@@ -228,3 +228,75 @@ def test_the_last_unsubscribe_ends_the_inbox_worker(env, app):
     as_app(conn, "SELECT outbox.unsubscribe('it_e')")
     wait_until(lambda: inbox_pid(conn) is None, 30, "the inbox worker to exit")
     assert query_one(conn, "SELECT count(*) FROM outbox.inbox_offsets WHERE subscription = 'it_e'")[0] == 0
+
+
+def test_partitions_added_and_a_topic_that_appears_later(env, app):
+    conn = app
+    topic = f"it_inbox_grow_{uuid.uuid4().hex[:8]}"
+    late = f"it_inbox_late_{uuid.uuid4().hex[:8]}"
+    create_topics(env, [topic], partitions=2)
+    mail_handler(conn, "it_mail_g", "it_handle_g")
+    subscribe(conn, "it_grow", [topic, late], "it_handle_g", start_from="latest")
+    wait_until(lambda: [r["state"] for r in status(conn, "it_grow") if r["topic"] == late] == ["waiting_for_topic"],
+               30, "the late topic waiting")
+    wait_until(lambda: len([r for r in status(conn, "it_grow") if r["topic"] == topic
+                            and r["next_offset"] is not None]) == 2, 30, "both partitions placed")
+    produce(env, topic, [("a", b'{"n": 1}', relay_headers(str(uuid.uuid4())))], partition=0)
+    wait_rows(conn, "SELECT count(*) FROM it_mail_g", 1, APPLY_TIMEOUT_S, "the first record")
+
+    # more partitions: the new ones are read from their first offset
+    from confluent_kafka.admin import NewPartitions
+    from conftest import admin
+    a = admin(env)
+    for f in a.create_partitions([NewPartitions(topic, 4)]).values():
+        f.result(30)
+    wait_until(lambda: len([r for r in status(conn, "it_grow") if r["topic"] == topic]) == 4, 60,
+               "the new partitions found")
+    produce(env, topic, [("b", b'{"n": 2}', relay_headers(str(uuid.uuid4())))], partition=3)
+    produce(env, topic, [("c", b'{"n": 3}', relay_headers(str(uuid.uuid4())))], partition=2)
+    # a topic that appears is read from its first offset (start_from applies only to the first start)
+    create_topics(env, [late], partitions=1)
+    produce(env, late, [("d", b'{"n": 4}', relay_headers(str(uuid.uuid4())))], partition=0)
+    wait_rows(conn, "SELECT count(*) FROM it_mail_g", 4, APPLY_TIMEOUT_S, "the new partitions' and topic's records")
+    got = query(conn, "SELECT topic, kafka_partition, kafka_offset FROM it_mail_g ORDER BY id")
+    assert sorted(got) == sorted([(topic, 0, 0), (topic, 3, 0), (topic, 2, 0), (late, 0, 0)]), got
+
+
+def test_start_from_latest_skips_what_was_there(env, app):
+    conn = app
+    topic = f"it_inbox_latest_{uuid.uuid4().hex[:8]}"
+    create_topics(env, [topic], partitions=1)
+    produce(env, topic, [("old", b'{"n": 0}', relay_headers(str(uuid.uuid4())))], partition=0)
+    mail_handler(conn, "it_mail_l", "it_handle_l")
+    subscribe(conn, "it_latest", [topic], "it_handle_l", start_from="latest")
+    wait_until(lambda: status(conn, "it_latest")[0]["next_offset"] == 1, 30, "placed at the end")
+    produce(env, topic, [("new", b'{"n": 1}', relay_headers(str(uuid.uuid4())))], partition=0)
+    wait_rows(conn, "SELECT count(*) FROM it_mail_l", 1, APPLY_TIMEOUT_S, "the new record")
+    assert query(conn, "SELECT key FROM it_mail_l") == [("new",)]
+
+
+def test_subscribe_unsubscribe_and_pause_under_load(env, app):
+    """Records stream into a topic while a second subscription of it is made and dropped, and the
+    first is paused and resumed, several times: the first applies every record once."""
+    conn = app
+    topic = f"it_inbox_churn_{uuid.uuid4().hex[:8]}"
+    create_topics(env, [topic], partitions=2)
+    mail_handler(conn, "it_mail_ch", "it_handle_ch")
+    mail_handler(conn, "it_mail_ch2", "it_handle_ch2")
+    subscribe(conn, "it_churn", [topic], "it_handle_ch")
+    total = 0
+    for rnd in range(4):
+        recs = [(f"k{i % 7}", json.dumps({"r": rnd, "i": i}).encode(), relay_headers(str(uuid.uuid4())))
+                for i in range(250)]
+        produce(env, topic, recs[:125])
+        subscribe(conn, f"it_churn_b{rnd}", [topic], "it_handle_ch2")
+        as_app(conn, "SELECT outbox.pause_subscription('it_churn')")
+        produce(env, topic, recs[125:])
+        as_app(conn, "SELECT outbox.resume_subscription('it_churn')")
+        as_app(conn, f"SELECT outbox.unsubscribe('it_churn_b{rnd}')")
+        total += len(recs)
+    wait_rows(conn, "SELECT count(*) FROM it_mail_ch", total, APPLY_TIMEOUT_S, "every record applied")
+    wait_caught_up(conn, "it_churn")
+    rows = query(conn, "SELECT event_id, count(*) FROM it_mail_ch GROUP BY 1 HAVING count(*) > 1")
+    assert rows == [] and query_one(conn, "SELECT count(*) FROM it_mail_ch")[0] == total
+    assert query_one(conn, "SELECT count(*) FROM outbox.inbox_offsets WHERE subscription LIKE 'it_churn_b%'")[0] == 0

@@ -148,5 +148,12 @@ def test_dump_and_restore_keep_the_inbox_and_a_copy_waits_to_be_adopted(env, tmp
         finally:
             query(main, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
             main.close()
+        # DROP EXTENSION ends the copy's inbox worker
+        assert query(admin, "SELECT 1 FROM pg_stat_activity WHERE backend_type = 'outbox inbox'"
+                            " AND datname = 'it_shop_copy'")
+        query(copy, "DROP EXTENSION outbox CASCADE")
+        wait_until(lambda: not query(admin, "SELECT 1 FROM pg_stat_activity WHERE backend_type = 'outbox inbox'"
+                                            " AND datname = 'it_shop_copy'"), TIMEOUT_S,
+                   "the copy's inbox worker to exit")
         for c in (shop, copy, admin):
             c.close()

@@ -129,6 +129,16 @@ def test_settings(env, app):
     set_conf(conn, inbox_kafka_properties="sasl.password=hunter2;fetch.wait.max.ms=100")
     wait_until(lambda: query_one(pg_connect(env), "SHOW outbox.inbox_kafka_properties")[0]
                == "sasl.password=********;fetch.wait.max.ms=100", 10, "the masked value")
+    other = pg_connect(env)
+    try:
+        query(other, "ALTER SYSTEM SET outbox.inbox_kafka_properties = 'sasl.password=hunter3'")
+        seen = query_one(conn, "SELECT query FROM pg_stat_activity WHERE pid = %s",
+                         (other.get_backend_pid(),))[0]
+        assert "hunter3" not in seen and "outbox.inbox_kafka_properties = '(not shown)'" in seen, seen
+    finally:
+        other.close()
+    log = open(env.server_log, errors="replace").read()
+    assert "hunter2" not in log and "hunter3" not in log, "a secret in the server log"
     set_conf(conn, inbox_kafka_properties="fetch.wait.max.ms=100")
 
     topic = new_topic(env, "set")
