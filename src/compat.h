@@ -82,6 +82,8 @@
 	object_aclcheck(NamespaceRelationId, (nspoid), (roleid), (mode))
 #define outbox_proc_aclcheck(procoid, roleid, mode) \
 	object_aclcheck(ProcedureRelationId, (procoid), (roleid), (mode))
+#define outbox_extension_ownercheck(extoid, roleid) \
+	object_ownercheck(ExtensionRelationId, (extoid), (roleid))
 #else
 #define outbox_database_ownercheck(dboid, roleid) \
 	pg_database_ownercheck((dboid), (roleid))
@@ -89,6 +91,8 @@
 	pg_namespace_aclcheck((nspoid), (roleid), (mode))
 #define outbox_proc_aclcheck(procoid, roleid, mode) \
 	pg_proc_aclcheck((procoid), (roleid), (mode))
+#define outbox_extension_ownercheck(extoid, roleid) \
+	pg_extension_ownercheck((extoid), (roleid))
 #endif
 
 /*

@@ -8,7 +8,8 @@
 #                                          a demo cluster of another major is deleted and made anew
 #        test/demo.sh stop                 stop the demo's Postgres and Kafka
 #
-# Postgres: 127.0.0.1:54329 (/tmp/outbox-pg), Kafka: 127.0.0.1:19092 (/tmp/outbox-kafka).
+# Postgres: 127.0.0.1:54329 (/tmp/outbox-pg), Kafka: 127.0.0.1:19092 (/tmp/outbox-kafka); the
+# variables of test/env/pg.sh and test/env/kafka.sh (OUTBOX_PG_PORT, OUTBOX_KAFKA_PORT, ...) move them.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,7 +29,7 @@ case "${1:-}" in
         exit 2 ;;
 esac
 
-export OUTBOX_KAFKA=127.0.0.1:19092
+export OUTBOX_KAFKA="127.0.0.1:${OUTBOX_KAFKA_PORT:-19092}"
 eval "$(test/env/pg.sh env)"
 MAJOR="${OUTBOX_PG_MAJOR:-15}"
 SUDO=()
@@ -118,6 +119,6 @@ echo "the last 3 messages (partition, offset, key, headers, payload):"
 kcat -C -b "$OUTBOX_KAFKA" -t outbox.event.order -o -4 -e -q \
     -f 'partition=%p offset=%o key=%k\n  headers: %h\n  payload: %s\n' 2>/dev/null | tail -n 9
 echo
-echo "Servers keep running: psql -h 127.0.0.1 -p 54329 -U postgres outbox"
+echo "Servers keep running: psql -h 127.0.0.1 -p $PGPORT -U postgres $PGDATABASE"
 echo "Watch events live:    kcat -C -b $OUTBOX_KAFKA -t outbox.event.order -f '%k %h %s\n'"
 echo "Stop them:            test/demo.sh stop"

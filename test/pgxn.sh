@@ -49,7 +49,7 @@ PY
     trap 'rm -rf "$dir"' RETURN
     make -s dist DISTDIR="$dir" >/dev/null
     listing=$(python3 -m zipfile -l "$dir"/outbox-"$meta_version".zip)
-    for f in META.json Makefile outbox.control README.md $(git ls-files src sql); do
+    for f in META.json Makefile outbox.control README.md $(git ls-files src sql doc); do
         grep -q " *outbox-$meta_version/$f " <<<"$listing" || die "make dist left out $f"
     done
     python3 -m zipfile -e "$dir"/outbox-"$meta_version".zip "$dir"

@@ -189,7 +189,7 @@ outbox_define_gucs(void)
 
 	DefineCustomStringVariable("outbox.kafka_properties",
 							   "Extra librdkafka producer properties, as key=value;key=value.",
-							   "Applied after the relay's own defaults. Only superusers can see or set this.",
+							   "Applied after the relay's own defaults. Write a ';' inside a value as \\;, a backslash as \\\\. Only superusers can see or set this.",
 							   &kafka_properties_masked,
 							   "",
 							   PGC_SIGHUP,

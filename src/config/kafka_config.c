@@ -30,6 +30,8 @@
 
 #include <ctype.h>
 
+#include "lib/stringinfo.h"
+
 static bool set_relay_properties(rd_kafka_conf_t *conf,
 								 const char *bootstrap_servers,
 								 int delivery_timeout_ms, char **error);
@@ -204,10 +206,19 @@ outbox_check_properties_setting(char **newval, void **extra, GucSource source,
 		return false;
 	}
 
+	/* escaped again: the masked value must read back as the same properties */
 	initStringInfo(&buf);
 	for (i = 0; i < nprops; i++)
-		appendStringInfo(&buf, "%s%s=%s", i > 0 ? ";" : "", props[i].key,
-						 outbox_kafka_property_is_secret(props[i].key) ? "********" : props[i].value);
+	{
+		if (i > 0)
+			appendStringInfoChar(&buf, ';');
+		outbox_append_kafka_escaped(&buf, props[i].key);
+		appendStringInfoChar(&buf, '=');
+		if (outbox_kafka_property_is_secret(props[i].key))
+			appendStringInfoString(&buf, "********");
+		else
+			outbox_append_kafka_escaped(&buf, props[i].value);
+	}
 
 	/* the GUC machinery frees values and extras (see compat.h) */
 	masked = outbox_guc_strdup(buf.data);
@@ -230,15 +241,118 @@ outbox_check_properties_setting(char **newval, void **extra, GucSource source,
 }
 
 /*
+ * Cut the item that starts at *cursor off at its first ';' that is not
+ * written "\;" (by overwriting that ';' with '\0'), and move *cursor past
+ * it, or to NULL after the last item.  Returns the item, escapes still in.
+ */
+static char *
+next_item(char **cursor)
+{
+	char	   *item = *cursor;
+	char	   *p;
+
+	for (p = item; *p != '\0'; p++)
+	{
+		if (p[0] == '\\' && (p[1] == ';' || p[1] == '\\'))
+			p++;
+		else if (*p == ';')
+		{
+			*p = '\0';
+			*cursor = p + 1;
+			return item;
+		}
+	}
+	*cursor = NULL;
+	return item;
+}
+
+/*
+ * Undo the escapes of s in place: "\;" is ';' and "\\" is a backslash;
+ * any other backslash stays as it is.
+ */
+static void
+unescape(char *s)
+{
+	char	   *out = s;
+
+	for (; *s != '\0'; s++)
+	{
+		if (s[0] == '\\' && (s[1] == ';' || s[1] == '\\'))
+			s++;
+		*out++ = *s;
+	}
+	*out = '\0';
+}
+
+/*
+ * outbox_append_kafka_escaped
+ *		Append s to buf as a key or value of outbox.kafka_properties is
+ *		written: ';' as "\;", and a backslash as "\\" where it would
+ *		otherwise be read as an escape (before ';', a backslash or the end);
+ *		other backslashes stay single, as the user wrote them.  Parsing the
+ *		result gives s back.
+ */
+void
+outbox_append_kafka_escaped(StringInfo buf, const char *s)
+{
+	for (; *s != '\0'; s++)
+	{
+		if (*s == ';' ||
+			(*s == '\\' && (s[1] == ';' || s[1] == '\\' || s[1] == '\0')))
+			appendStringInfoChar(buf, '\\');
+		appendStringInfoChar(buf, *s);
+	}
+}
+
+/*
+ * False with *error set (palloc'd) if key is reserved (in reserved, which
+ * who sets) or forbidden.
+ */
+static bool
+key_allowed(const char *key, const char *const *reserved, const char *who,
+			char **error)
+{
+	/* librdkafka also takes topic properties as "topic.<name>" */
+	const char *bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
+	int			i;
+
+	for (i = 0; reserved[i] != NULL; i++)
+	{
+		if (pg_strcasecmp(key, reserved[i]) == 0 ||
+			pg_strcasecmp(bare, reserved[i]) == 0)
+		{
+			*error = psprintf("property \"%s\" is set by %s itself and cannot be overridden", key, who);
+			return false;
+		}
+	}
+	for (i = 0; forbidden_kafka_properties[i] != NULL; i++)
+	{
+		if (pg_strcasecmp(key, forbidden_kafka_properties[i]) == 0 ||
+			pg_strcasecmp(bare, forbidden_kafka_properties[i]) == 0 ||
+			pg_strncasecmp(key, "ssl.engine.", 11) == 0)
+		{
+			*error = psprintf("property \"%s\" would load code or run a command in the server and is not allowed", key);
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
  * outbox_parse_kafka_properties
  *		Split "key=value;key=value" into an array of properties.
  *
- * Empty items (";;" or a trailing ";") are ignored and whitespace around
- * keys and values is trimmed.  Values cannot contain ';'.  Returns false
- * with *error set (palloc'd) on a malformed item or a reserved or forbidden
- * key; the librdkafka-level check of each value happens when the worker
- * builds its producer, because librdkafka must not be touched in the
- * postmaster.  Results are palloc'd in the current memory context.
+ * Items are separated by ';'.  In a key or value "\;" stands for a ';' and
+ * "\\" for a backslash; any other backslash is kept as it is.  A value
+ * runs to the end of its item, so it may hold '=' but never a bare ';'.
+ * Whitespace around keys and values is trimmed.  One ';' at the end is
+ * allowed; an empty item elsewhere (";;") is refused: it is most likely a
+ * ';' of a value that was not escaped.  Returns false with *error set
+ * (palloc'd, never quoting a value) on a malformed item or a reserved or
+ * forbidden key; the librdkafka-level check of each value happens when the
+ * worker builds its producer, because librdkafka must not be touched in
+ * the postmaster.  Results (keys and values unescaped) are palloc'd in the
+ * current memory context.
  */
 bool
 outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
@@ -259,64 +373,46 @@ outbox_parse_properties(const char *text, const char *const *reserved,
 						const char *who, OutboxKafkaProperty **props,
 						int *nprops, char **error)
 {
-	char	   *copy = pstrdup(text ? text : "");
-	char	   *item;
-	char	   *saveptr = NULL;
+	char	   *cursor = pstrdup(text ? text : "");
 	int			n = 0;
 	int			position = 0;
 	int			cap = 8;
 	OutboxKafkaProperty *out = palloc(sizeof(OutboxKafkaProperty) * cap);
 
-	for (item = strtok_r(copy, ";", &saveptr); item != NULL;
-		 item = strtok_r(NULL, ";", &saveptr))
+	while (cursor != NULL)
 	{
+		char	   *item = outbox_trim_whitespace(next_item(&cursor));
 		char	   *eq;
 		char	   *key;
 		char	   *value;
-		const char *bare;
-		int			i;
 
-		item = outbox_trim_whitespace(item);
-		if (*item == '\0')
-			continue;
 		position++;
-
+		if (*item == '\0' && cursor == NULL)
+			break;				/* the whole value is empty, or ends in ';' */
 		/* messages never quote an item or a value: they may be secrets */
+		if (*item == '\0')
+		{
+			*error = psprintf("item %d is empty (write a ';' inside a value as \\;)", position);
+			return false;
+		}
 		eq = strchr(item, '=');
 		if (eq == NULL)
 		{
-			*error = psprintf("item %d is not of the form key=value", position);
+			*error = psprintf("item %d is not of the form key=value (write a ';' inside a value as \\;)", position);
 			return false;
 		}
 		*eq = '\0';
 		key = outbox_trim_whitespace(item);
 		value = outbox_trim_whitespace(eq + 1);
+		unescape(key);
+		unescape(value);
 		if (*key == '\0')
 		{
 			*error = psprintf("item %d has an empty key", position);
 			return false;
 		}
-		/* librdkafka also takes topic properties as "topic.<name>" */
-		bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
-		for (i = 0; reserved[i] != NULL; i++)
-		{
-			if (pg_strcasecmp(key, reserved[i]) == 0 ||
-				pg_strcasecmp(bare, reserved[i]) == 0)
-			{
-				*error = psprintf("property \"%s\" is set by %s itself and cannot be overridden", key, who);
-				return false;
-			}
-		}
-		for (i = 0; forbidden_kafka_properties[i] != NULL; i++)
-		{
-			if (pg_strcasecmp(key, forbidden_kafka_properties[i]) == 0 ||
-				pg_strcasecmp(bare, forbidden_kafka_properties[i]) == 0 ||
-				pg_strncasecmp(key, "ssl.engine.", 11) == 0)
-			{
-				*error = psprintf("property \"%s\" would load code or run a command in the server and is not allowed", key);
-				return false;
-			}
-		}
+		if (!key_allowed(key, reserved, who, error))
+			return false;
 		if (n == cap)
 		{
 			cap *= 2;
@@ -481,4 +577,52 @@ set_property(rd_kafka_conf_t *conf, const char *key, const char *value,
 		*error = psprintf("invalid value for librdkafka property \"%s\": %s",
 						  key, errstr);
 	return false;
+}
+
+/*
+ * outbox_kafka_scrub_secrets
+ *		Replace, in text (a NUL-terminated buffer of size bytes), every
+ *		occurrence of the value of a secret property of properties (the text
+ *		of outbox.kafka_properties) by "********", cutting the result at
+ *		size - 1 bytes.
+ *
+ * librdkafka's own error texts quote some values: "Failed to open
+ * ssl.keystore.location: /path" names the file, whose path may be the very
+ * thing SHOW masks.  Every text of librdkafka's that reaches outbox.status
+ * or the log goes through here first.  Worker's thread only (it pallocs);
+ * raises no error: a properties text that does not parse scrubs nothing,
+ * as no producer could have been built from it.
+ */
+void
+outbox_kafka_scrub_secrets(char *text, size_t size, const char *properties)
+{
+	OutboxKafkaProperty *props;
+	int			nprops;
+	char	   *error;
+
+	if (text == NULL || text[0] == '\0' || properties == NULL || properties[0] == '\0' ||
+		!outbox_parse_kafka_properties(properties, &props, &nprops, &error))
+		return;
+	for (int i = 0; i < nprops; i++)
+	{
+		const char *value = props[i].value;
+		size_t		len = strlen(value);
+		StringInfoData buf;
+		const char *from = text;
+		const char *hit;
+
+		if (len == 0 || !outbox_kafka_property_is_secret(props[i].key) ||
+			strstr(text, value) == NULL)
+			continue;
+		initStringInfo(&buf);
+		while ((hit = strstr(from, value)) != NULL)
+		{
+			appendBinaryStringInfo(&buf, from, hit - from);
+			appendStringInfoString(&buf, "********");
+			from = hit + len;
+		}
+		appendStringInfoString(&buf, from);
+		strlcpy(text, buf.data, size);
+		pfree(buf.data);
+	}
 }

@@ -13,6 +13,7 @@
 
 #include "config/guc_refusal.h"
 
+#include "lib/stringinfo.h"
 #include "utils/guc.h"
 
 /*
@@ -41,9 +42,12 @@ extern bool outbox_check_properties_setting(char **newval, void **extra,
 											const char *name,
 											OutboxRefusable refusable);
 extern bool outbox_kafka_property_is_secret(const char *key);
+extern void outbox_kafka_scrub_secrets(char *text, size_t size,
+									   const char *properties);
 extern bool outbox_check_kafka_properties(char **newval, void **extra,
 										  GucSource source);
 extern char *outbox_trim_whitespace(char *s);
+extern void outbox_append_kafka_escaped(StringInfo buf, const char *s);
 extern rd_kafka_conf_t *outbox_kafka_conf_new(const char *bootstrap_servers,
 											  int delivery_timeout_ms,
 											  const char *properties,

@@ -98,6 +98,7 @@ outbox_producer_create(const char *transactional_id, char **error)
 	{
 		rd_kafka_conf_destroy(conf);
 		pfree(producer);
+		outbox_kafka_scrub_secrets(errstr, sizeof(errstr), outbox_kafka_properties);
 		*error = psprintf("could not create the Kafka producer: %s", errstr);
 		return NULL;
 	}
@@ -346,7 +347,11 @@ outbox_producer_serve(OutboxProducer *producer)
 
 	/* librdkafka's own log (see debug in outbox.kafka_properties) */
 	for (i = 0; i < producer->nlogs; i++)
+	{
+		outbox_kafka_scrub_secrets(producer->logs[i], sizeof(producer->logs[i]),
+								   producer->kafka_properties);
 		elog(DEBUG1, "librdkafka: %s", producer->logs[i]);
+	}
 	if (producer->dropped_logs > 0)
 		elog(DEBUG1, "librdkafka: %d more log lines dropped", producer->dropped_logs);
 	producer->nlogs = 0;
@@ -543,8 +548,14 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	else
 		snprintf(producer->last_error_text, sizeof(producer->last_error_text),
 				 "%s", reason);
+	outbox_kafka_scrub_secrets(producer->last_error_text, sizeof(producer->last_error_text),
+							   producer->kafka_properties);
 	if (err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+	{
 		snprintf(producer->cause_text, sizeof(producer->cause_text), "%s", reason);
+		outbox_kafka_scrub_secrets(producer->cause_text, sizeof(producer->cause_text),
+								   producer->kafka_properties);
+	}
 	producer->last_error = err;
 	producer->error_seq++;
 	if (err == RD_KAFKA_RESP_ERR__FATAL)

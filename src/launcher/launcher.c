@@ -15,8 +15,9 @@
  * as dynamic background workers, each in a slot of shared memory
  * (outbox.max_workers of them; launcher_relays.c runs them).  A database
  * has outbox.workers_per_database relays (partition.c), fewer while the
- * slots run short; databases beyond the slots are logged once, by name,
- * and unserved.
+ * slots or the background workers (max_worker_processes) run short; each
+ * covered database gets its first relay before any gets a second, and
+ * databases beyond the slots are logged once, by name, and unserved.
  *
  * With '*', whether a database has the extension is seen only from inside
  * it: the launcher starts a relay in every database that accepts
@@ -68,8 +69,10 @@ static List *plan_databases(bool *all);
 static void set_target(LauncherDb *db, const OutboxDatabase *row);
 static bool serve_database(LauncherDb *db, bool all, TimestampTz now,
 						   long *nap);
-static void start_generation(LauncherDb *db, int want, bool all,
-							 TimestampTz now);
+static void start_generation(LauncherDb *db, int want);
+static void start_rest(LauncherDb *db, bool all, bool no_worker,
+					   TimestampTz now, long *nap);
+static void report_short(LauncherDb *db, bool all, TimestampTz now);
 static bool wait_for_database(LauncherDb *db, TimestampTz now);
 static void report_unserved(LauncherDb **unserved, int count);
 static void forget_failures(LauncherDb *db);
@@ -168,6 +171,7 @@ launcher_pass(void)
 	LauncherDb *db;
 	LauncherDb **unserved;
 	int			nunserved = 0;
+	LauncherDb *first_waits = NULL;
 
 	take_events();
 	inbox_launcher_take_requests(databases);
@@ -198,12 +202,20 @@ launcher_pass(void)
 		}
 	}
 
-	/* start what is missing, in the order of outbox.databases (or OID) */
+	/*
+	 * Start what is missing, in the order of outbox.databases (or OID), in
+	 * two rounds: the first relay of every database, then the others.  The
+	 * slots are shared out so (launcher_allot_slots), and the background
+	 * workers must be taken so too: max_worker_processes may have fewer
+	 * than the slots, and a database's second relay must never take the
+	 * worker another database's first one needed.
+	 */
 	launcher_allot_slots(covered, all, now);
 	unserved = palloc(sizeof(LauncherDb *) * Max(list_length(covered), 1));
 	foreach(lc, covered)
 	{
 		db = lfirst(lc);
+		db->start_rest = false;
 		if (!db->wanted ||
 			(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
 			continue;
@@ -213,8 +225,22 @@ launcher_pass(void)
 				db->unserved_since = now;
 			unserved[nunserved++] = db;
 			nap = Min(nap, LAUNCHER_BUSY_NAP_MS);
+			if (db->no_bgworker && db->obstacle == NULL &&
+				first_waits == NULL && launcher_needs_relay(db, all))
+				first_waits = db;
 		}
 	}
+
+	/*
+	 * The others; but when a database that needs a relay has none for want
+	 * of a background worker, start no second relay anywhere (a generation
+	 * short of one runs smaller, see start_rest), and have another database
+	 * give one up: a later pass starts the first relay with it.
+	 */
+	foreach(lc, covered)
+		start_rest(lfirst(lc), all, first_waits != NULL, now, &nap);
+	if (first_waits != NULL)
+		launcher_give_up_relay(first_waits, covered, databases, now);
 	report_unserved(unserved, nunserved);
 	/* inbox workers after every database's relays (launcher_inbox.c) */
 	inbox_launcher_serve_all(covered, nunserved == 0, now, &nap);
@@ -223,18 +249,20 @@ launcher_pass(void)
 
 /*
  * Keep the relays of a covered database running: start a generation of
- * db->allotted relays, each with its slot taken at once, restart one that
- * failed (after its delay), and retire them all when the database should
- * run another number of them.  Lowers *nap (ms) to when it wants to look
- * again.  False if the database has no relay for want of a slot or a
- * background worker (or no slot to wait in, see wait_for_database).
+ * db->allotted relays, each with its slot taken at once, start its first
+ * relay (or restart it after its delay), and retire them all when the
+ * database should run another number of them.  The generation's other
+ * relays start in the pass's second round (start_rest), if db->start_rest.
+ * Lowers *nap (ms) to when it wants to look again.  False if the database
+ * has no relay for want of a slot or a background worker (or no slot to
+ * wait in, see wait_for_database).
  */
 static bool
 serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 {
 	int			running = launcher_relays_running(db);
 	int			want = Max(db->allotted, 1);
-	int			j;
+	LauncherRelay *first = &db->relays[0];
 
 	if (running == 0 && db->obstacle != NULL)
 	{
@@ -258,9 +286,59 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 		running = 0;
 	}
 	if (running == 0)
-		start_generation(db, want, all, now);
+		start_generation(db, want);
 
-	for (j = 0; j < db->nworkers; j++)
+	if (first->handle == NULL && first->start_after > now)
+		*nap = Min(*nap, Max(TimestampDifferenceMilliseconds(now, first->start_after), 10));
+	else if (first->handle == NULL && !launcher_start_relay(db, 0, databases, now))
+	{
+		/* its slot is being freed: another database's relays retire */
+		if (db->allotted > 0 && !db->no_bgworker)
+		{
+			*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
+			return true;
+		}
+		return false;
+	}
+	db->start_rest = true;
+	return true;
+}
+
+/*
+ * Begin a generation of want relays for db: take a slot for each now (a
+ * relay that starts later must find its own).
+ */
+static void
+start_generation(LauncherDb *db, int want)
+{
+	int			j;
+
+	launcher_free_idle_slots(db, want);
+	for (j = 0; j < want; j++)
+		if (db->relays[j].slot < 0 && launcher_take_slot(db, j) < 0)
+			break;
+	db->nworkers = Max(j, 1);
+	launcher_free_idle_slots(db, db->nworkers);
+	db->new_generation = true;
+}
+
+/*
+ * The pass's second round: start the relays of db's generation after the
+ * first (each once its restart delay passed), lowering *nap (ms) to the
+ * next delay.  When max_worker_processes has no background worker for one,
+ * or no_worker (a first relay found none), the database runs as many as
+ * started, for BGW_CAP_MS: its next generation is that small
+ * (launcher_relays_wanted), so that its buckets do not wait for a worker.
+ */
+static void
+start_rest(LauncherDb *db, bool all, bool no_worker, TimestampTz now,
+		   long *nap)
+{
+	int			j;
+
+	if (!db->start_rest)
+		return;
+	for (j = 1; j < db->nworkers; j++)
 	{
 		LauncherRelay *r = &db->relays[j];
 
@@ -271,59 +349,47 @@ serve_database(LauncherDb *db, bool all, TimestampTz now, long *nap)
 			*nap = Min(*nap, Max(TimestampDifferenceMilliseconds(now, r->start_after), 10));
 			continue;
 		}
-		if (!launcher_start_relay(db, j, databases, now))
+		if (no_worker || !launcher_start_relay(db, j, databases, now))
 		{
-			/* its slot is being freed: another database's relays retire */
-			if (j == 0 && db->allotted > 0 && !db->no_bgworker)
-			{
-				*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
-				return true;
-			}
-			if (j == 0)
-				return false;
-			/* no background worker: run as many as started, for a while */
 			db->bgw_cap = launcher_relays_running(db);
 			db->bgw_cap_until = TimestampTzPlusMilliseconds(now, BGW_CAP_MS);
 			*nap = Min(*nap, LAUNCHER_BUSY_NAP_MS);
 			break;
 		}
 	}
-	return true;
+	report_short(db, all, now);
 }
 
 /*
- * Begin a generation of want relays for db: take a slot for each now (a
- * relay that starts later must find its own), and say once when the
- * database gets fewer relays than it should.
+ * Say once when db's generation that began in this pass runs fewer than k
+ * relays.  Only once they all run: a generation whose next relay got no
+ * background worker is retired, and the smaller one after it says so.
  */
 static void
-start_generation(LauncherDb *db, int want, bool all, TimestampTz now)
+report_short(LauncherDb *db, bool all, TimestampTz now)
 {
 	int			k = outbox_workers_per_database;
-	int			j;
 
-	launcher_free_idle_slots(db, want);
-	for (j = 0; j < want; j++)
-		if (db->relays[j].slot < 0 && launcher_take_slot(db, j) < 0)
-			break;
-	db->nworkers = Max(j, 1);
-	launcher_free_idle_slots(db, db->nworkers);
+	if (!db->new_generation)
+		return;
+	db->new_generation = false;
+	if (launcher_relays_running(db) < db->nworkers)
+		return;
 	if (all && !db->confirmed)
 		return;					/* one relay to look for the extension */
-	if (db->nworkers < k && j > 0 && !db->short_logged)
+	if (db->nworkers < k && !db->short_logged)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("outbox launcher runs %d of %d relays for database \"%s\"",
 						db->nworkers, k, db->name),
 				 db->bgw_cap > 0 && now < db->bgw_cap_until ?
-				 errdetail("max_worker_processes had no background worker for the next one; the launcher tries again in %d s.",
-						   BGW_CAP_MS / 1000) :
+				 errdetail("max_worker_processes has too few background workers (one relay for each covered database first); the launcher tries %d again in %d s.",
+						   k, BGW_CAP_MS / 1000) :
 				 errdetail("outbox.max_workers = %d slots serve every database, one relay for each covered database first; outbox.workers_per_database = %d.",
 						   outbox_max_workers, outbox_workers_per_database),
 				 errhint("Raise outbox.max_workers or max_worker_processes (both need a restart), or lower outbox.workers_per_database. The database gets its %d relays once they are free.",
 						 k)));
-	if (j > 0)
-		db->short_logged = db->nworkers < k;
+	db->short_logged = db->nworkers < k;
 }
 
 /*

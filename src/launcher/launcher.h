@@ -54,6 +54,8 @@ typedef struct LauncherDb
 	int			bgw_cap;		/* relays that got a background worker ... */
 	TimestampTz bgw_cap_until;	/* ... when the next one got none: until */
 	bool		short_logged;	/* logged that it runs fewer than wanted */
+	bool		new_generation; /* its generation began in this pass */
+	bool		start_rest;		/* this pass may start its relays after the first */
 	LauncherRelay relays[OUTBOX_MAX_WORKERS_PER_DATABASE];
 	LauncherInbox inbox;		/* its inbox worker (src/inbox) */
 } LauncherDb;
@@ -69,6 +71,9 @@ extern bool launcher_retire_relays(LauncherDb *db, TimestampTz now);
 extern bool launcher_start_relay(LauncherDb *db, int worker, HTAB *databases,
 								 TimestampTz now);
 extern bool launcher_relay_found_extension(const LauncherDb *db);
+extern bool launcher_needs_relay(const LauncherDb *db, bool all);
+extern void launcher_give_up_relay(LauncherDb *needy, List *covered,
+								   HTAB *databases, TimestampTz now);
 extern int	launcher_take_slot(LauncherDb *db, int worker);
 extern void launcher_free_slot(LauncherDb *db, int worker);
 extern void launcher_free_idle_slots(LauncherDb *db, int worker);

@@ -7,7 +7,12 @@
  * A database has k relays (outbox.workers_per_database, partition.c), each
  * a dynamic background worker in a slot of shared memory.  launcher.c
  * decides which databases get relays; this file shares the slots out among
- * them (launcher_allot_slots) and runs the relays.
+ * them (launcher_allot_slots) and runs the relays.  Background workers
+ * (max_worker_processes) may run out before the slots do; the launcher
+ * cannot count them, it sees only a start that fails.  A database whose
+ * second relay finds none runs a smaller generation for BGW_CAP_MS; one
+ * whose first relay finds none gets one from another database's extra
+ * relays (launcher_give_up_relay).
  * To change k the launcher retires the database's relays (each exits
  * between two batches, so nothing it claimed is left half-sent) and starts
  * the new ones only when all have exited: two relays never serve one
@@ -136,6 +141,71 @@ launcher_allot_slots(List *covered, bool all, TimestampTz now)
 	/* last, inbox workers that only look for subscriptions */
 	budget -= inbox_launcher_allot(eligible, budget, false, now);
 	list_free(eligible);
+}
+
+/*
+ * launcher_needs_relay
+ *		Is db known to need a relay: listed, or ('*') its relay found the
+ *		extension there, or CREATE EXTENSION outbox committed there since?
+ *		Under '*' a database the launcher has not looked into yet, or found
+ *		no extension in, may need none: its relay takes no background
+ *		worker from another database's (launcher_give_up_relay).
+ */
+bool
+launcher_needs_relay(const LauncherDb *db, bool all)
+{
+	return !all || db->confirmed || db->created;
+}
+
+/*
+ * launcher_give_up_relay
+ *		needy, a covered database that needs a relay, got no background
+ *		worker for its first one: max_worker_processes is used up.  The last
+ *		database in covered (slot priority order) that runs more than one
+ *		relay runs one fewer, for BGW_CAP_MS, as if its own next relay had
+ *		found no worker (launcher_relays_wanted): its relays retire, and its
+ *		smaller generation starts after them in a pass's first round, beside
+ *		needy's first relay, which takes the worker it gave up.  Nothing
+ *		while relays of any database are exiting (their workers are about to
+ *		be free), nor when no database runs more than one relay.
+ */
+void
+launcher_give_up_relay(LauncherDb *needy, List *covered, HTAB *databases,
+					   TimestampTz now)
+{
+	HASH_SEQ_STATUS seq;
+	LauncherDb *db;
+	LauncherDb *giver = NULL;
+	ListCell   *lc;
+	int			j;
+
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+	{
+		for (j = 0; j < OUTBOX_MAX_WORKERS_PER_DATABASE; j++)
+		{
+			if (db->relays[j].handle != NULL && db->relays[j].stopping)
+			{
+				hash_seq_term(&seq);
+				return;
+			}
+		}
+	}
+	foreach(lc, covered)
+	{
+		db = lfirst(lc);
+		if (db->wanted && launcher_relays_running(db) > 1)
+			giver = db;
+	}
+	if (giver == NULL)
+		return;
+	giver->bgw_cap = launcher_relays_running(giver) - 1;
+	giver->bgw_cap_until = TimestampTzPlusMilliseconds(now, BGW_CAP_MS);
+	ereport(LOG,
+			(errmsg("outbox launcher gives a background worker of database \"%s\" to database \"%s\", which has no relay",
+					giver->name, needy->name),
+			 errdetail("max_worker_processes is used up and every covered database gets one relay before any gets a second: \"%s\" runs %d relays for %d s.",
+					   giver->name, giver->bgw_cap, BGW_CAP_MS / 1000)));
 }
 
 /* the last start failed for lack of a background worker (logged once) */
@@ -471,12 +541,19 @@ launcher_start_relay(LauncherDb *db, int worker, HTAB *databases,
 		r->handle = NULL;
 		db->no_bgworker = true;
 		launcher_free_slot(db, worker);
-		if (!bgw_slots_exhausted)
+		if (!bgw_slots_exhausted && worker == 0)
 			ereport(WARNING,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 					 errmsg("outbox launcher cannot start a relay for database \"%s\": no free background worker slot",
 							db->name),
 					 errhint("Raise max_worker_processes (needs a restart); the launcher retries every second and logs this again only after a relay could start.")));
+		else if (!bgw_slots_exhausted)
+			ereport(WARNING,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("outbox launcher cannot start relay %d of %d for database \"%s\": no free background worker slot",
+							worker + 1, db->nworkers, db->name),
+					 errhint("Raise max_worker_processes (needs a restart). The database runs the relays that started, for %d s, then tries again.",
+							 BGW_CAP_MS / 1000)));
 		bgw_slots_exhausted = true;
 		return false;
 	}

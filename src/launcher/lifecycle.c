@@ -42,11 +42,16 @@
 #include "access/xact.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "storage/lmgr.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 /* how long DROP/RENAME DATABASE waits for the database's relays to exit */
@@ -71,6 +76,7 @@ static Oid	releasable_database(const char *name);
 static void release_database(Oid dboid);
 static void lifecycle_xact_callback(XactEvent event, void *arg);
 static bool drops_outbox(DropStmt *stmt);
+static void lock_events_for_drop(void);
 static bool count_unpublished(int64 *pending, int64 *failed);
 static void warn_discarded(int64 pending, int64 failed);
 
@@ -145,7 +151,10 @@ lifecycle_utility(PlannedStmt *pstmt, const char *queryString,
 			break;
 		case T_DropStmt:
 			if (drops_outbox((DropStmt *) stmt))
+			{
+				lock_events_for_drop();
 				counted = count_unpublished(&pending, &failed);
+			}
 			break;
 		case T_AlterDatabaseStmt:
 			/*
@@ -326,6 +335,29 @@ drops_outbox(DropStmt *stmt)
 }
 
 /*
+ * DROP EXTENSION outbox by its owner: take the lock the DROP will take on
+ * outbox.events before the events are counted.  Counted first, an event
+ * committed while the DROP waited for that lock (behind a session still
+ * emitting) was dropped with the table and missing from the WARNING.  Only
+ * for the extension's owner: anyone else's DROP fails, and must not hold
+ * up emitting sessions on its way there.
+ */
+static void
+lock_events_for_drop(void)
+{
+	Oid			extoid = get_extension_oid(OUTBOX_EXTENSION_NAME, true);
+	Oid			nspoid = get_namespace_oid(OUTBOX_SCHEMA, true);
+	Oid			relid;
+
+	if (!OidIsValid(extoid) || !OidIsValid(nspoid) ||
+		!outbox_extension_ownercheck(extoid, GetUserId()))
+		return;
+	relid = get_relname_relid(OUTBOX_EVENTS_TABLE, nspoid);
+	if (OidIsValid(relid))
+		LockRelationOid(relid, AccessExclusiveLock);
+}
+
+/*
  * The current database's events not published yet (*pending) and marked
  * failed (*failed), found as outbox.status finds them: row-tracked ones
  * through events_pending_idx, snapshot-tracked ones above the progress
@@ -344,6 +376,12 @@ count_unpublished(int64 *pending, int64 *failed)
 	bool		done = false;
 
 	SPI_connect();
+	/*
+	 * A snapshot taken now, after lock_events_for_drop(): the statement's own
+	 * is older than the lock, and the transaction's (REPEATABLE READ) may be
+	 * older still.
+	 */
+	PushActiveSnapshot(GetLatestSnapshot());
 	/* by OID: a name that does not resolve gives NULL (false), not an error */
 	if (SPI_execute("SELECT pg_catalog.has_table_privilege(pg_catalog.to_regclass('outbox.events'), 'SELECT')"
 					"   AND pg_catalog.has_table_privilege(pg_catalog.to_regclass('outbox.relay_progress'), 'SELECT')"
@@ -385,6 +423,7 @@ count_unpublished(int64 *pending, int64 *failed)
 											  SPI_tuptable->tupdesc, 2, &isnull));
 		done = true;
 	}
+	PopActiveSnapshot();
 	SPI_finish();
 	return done;
 }

@@ -356,6 +356,15 @@ outbox_wait_for_deliveries(OutboxProducer *producer)
 	bool		woken = false;
 	bool		complete = false;
 
+	/*
+	 * Events are on their way: the relay is publishing, not idle, for as
+	 * long as Kafka takes to acknowledge them (up to delivery_timeout when a
+	 * broker hangs).  Only idle turns into publishing here: broker_down stays
+	 * until a batch tells otherwise (batch_report.c).
+	 */
+	if (producer->outstanding > 0 && outbox_relay_state() == OUTBOX_STATE_IDLE)
+		outbox_enter_state(OUTBOX_STATE_PUBLISHING, NULL);
+
 	for (;;)
 	{
 		TimestampTz now;

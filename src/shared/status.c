@@ -92,7 +92,8 @@ outbox_enter_state(OutboxRelayState new_state, const char *error)
 			ereport(WARNING,
 					(errmsg("outbox relay cannot deliver events to Kafka at \"%s\"",
 							outbox_bootstrap_servers),
-					 errdetail("%s", error ? error : "all brokers are down"),
+					 errdetail("%s", error && error[0] ? error :
+							   "librdkafka gave no reason: every broker is down, or no delivery report came in time"),
 					 errhint("Events stay in outbox.events and are retried; this is logged again only once Kafka is reachable.")));
 			break;
 		case OUTBOX_STATE_NOT_CONFIGURED:
@@ -111,7 +112,9 @@ outbox_enter_state(OutboxRelayState new_state, const char *error)
 					 errdetail("Events wait in outbox.events until SELECT outbox.resume().")));
 			break;
 		default:
-			if (old_state == OUTBOX_STATE_BROKER_DOWN)
+			/* only what can tell: a batch went out, or there was none */
+			if (old_state == OUTBOX_STATE_BROKER_DOWN &&
+				(new_state == OUTBOX_STATE_IDLE || new_state == OUTBOX_STATE_PUBLISHING))
 				ereport(LOG,
 						(errmsg("outbox relay reached Kafka again at \"%s\"",
 								outbox_bootstrap_servers)));

@@ -20,8 +20,9 @@
 #   OUTBOX_KAFKA_PORT             19092              PLAINTEXT listener (127.0.0.1 only)
 #   OUTBOX_KAFKA_CONTROLLER_PORT  19093              KRaft controller listener (127.0.0.1 only)
 #   OUTBOX_KAFKA_SASL_PORT        (empty: off)       if set: an extra SASL_PLAINTEXT listener on 127.0.0.1
-#                                                    there, mechanism PLAIN, users admin/admin-secret and
-#                                                    outbox/outbox-secret (inter-broker and controller
+#                                                    there, mechanism PLAIN, users admin/admin-secret,
+#                                                    outbox/outbox-secret and semi/Semi7;Colon7\Back7 (a ';'
+#                                                    and a backslash in it; inter-broker and controller
 #                                                    traffic stay PLAINTEXT); applies when the broker starts
 #   OUTBOX_KAFKA_AUTOCREATE       true               auto.create.topics.enable
 #   OUTBOX_KAFKA_PARTITIONS       4                  num.partitions, and topic-create's default
@@ -181,7 +182,8 @@ EOF
         cat >>"$SERVER_PROPS" <<'EOF'
 # OUTBOX_KAFKA_SASL_PORT: SASL_PLAINTEXT listener with mechanism PLAIN (test credentials)
 listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN
-listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret" user_outbox="outbox-secret";
+# user semi's password is Semi7;Colon7\Back7 (a ';' and a backslash: properties and JAAS each halve the backslashes)
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret" user_outbox="outbox-secret" user_semi="Semi7;Colon7\\\\Back7";
 EOF
     fi
     cat >"$LOG4J_CONF" <<EOF

@@ -49,7 +49,30 @@ fi
 
 psql_admin() { "$BINDIR/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 "$@"; }
 
-running() { [[ -f "$DATA/postmaster.pid" ]] && as_owner "$BINDIR/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
+# running: the postmaster of the lock file lives and answers (accepting connections, or starting up
+# or recovering: pg_isready exit 0 or 1).  A postmaster killed a moment ago (kill -9) can still
+# look alive to pg_ctl status while nothing answers: that is not running.
+running() {
+    [[ -f "$DATA/postmaster.pid" ]] && as_owner "$BINDIR/pg_ctl" -D "$DATA" status >/dev/null 2>&1 || return 1
+    local rc=0
+    "$BINDIR/pg_isready" -h 127.0.0.1 -p "$PORT" -t 10 >/dev/null 2>&1 || rc=$?
+    [[ $rc -le 1 ]]
+}
+
+# start_server: pg_ctl start, again for up to 60 s while it fails: after a kill -9 of the postmaster
+# its backends exit within seconds, and until they have, the old shared memory is in use and a new
+# postmaster refuses to start ("pre-existing shared memory block is still in use")
+start_server() {
+    local tries=0
+    until as_owner "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null 2>&1; do
+        tries=$((tries + 1))
+        if [[ $tries -ge 60 ]]; then
+            tail -n 30 "$LOG" >&2
+            die "server did not start"
+        fi
+        sleep 1
+    done
+}
 
 create_database() {
     if ! psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1; then
@@ -110,8 +133,7 @@ start() {
     [[ -f "$DATA/PG_VERSION" ]] || init_cluster
     touch "$LOG" 2>/dev/null || true
     [[ $(id -u) -eq 0 ]] && chown "$OWNER" "$LOG"
-    as_owner "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null \
-        || { tail -n 30 "$LOG" >&2; die "server did not start"; }
+    start_server
     create_database
     log "running on 127.0.0.1:$PORT (data $DATA, log $LOG)"
 }

@@ -210,6 +210,40 @@ def drop_extension_warning(env):
         c.close()
 
 
+def test_drop_extension_counts_events_committed_while_it_waits(env, conn, prefix):
+    """A DROP EXTENSION that waits behind a session still emitting counts the events that session
+    commits too: it takes its lock on outbox.events before it counts. It counted first (a fresh
+    user's try): 1 of 8 discarded events was in the WARNING, the other 7 were dropped silently.
+    Rolled back here."""
+    import threading
+    wait_until(lambda: relay_status(conn)[0]["pending"] == 0, 30, "an empty backlog")
+    agg_type = new_aggregate_type("dropwait")
+    create_topics(env, [prefix + agg_type])
+    query_one(conn, "SELECT outbox.pause()")
+    emitter = pg_connect(env, autocommit=False)
+    result = {}
+    try:
+        with conn.cursor() as cur:
+            emit(cur, agg_type, "d-0", "d.e", {"i": 0})
+        with emitter.cursor() as cur:
+            for i in range(1, 8):
+                emit(cur, agg_type, f"d-{i}", "d.e", {"i": i})
+        dropper = threading.Thread(target=lambda: result.update(w=drop_extension_warning(env)))
+        dropper.start()
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                           " AND query LIKE 'DROP EXTENSION outbox%%'")[0] == 1, 30,
+                   "the DROP to wait for the emitting session")
+        emitter.commit()
+        dropper.join(30)
+        warnings = result.get("w")
+        assert warnings is not None, "the DROP did not return"
+        assert len(warnings) == 1 and "discarded 8 events never published to Kafka" in warnings[0], warnings
+    finally:
+        emitter.close()
+        query_one(conn, "SELECT outbox.resume()")
+    wait_until(lambda: relay_status(conn)[0]["pending"] == 0, 30, "the events published after resume()")
+
+
 def test_drop_extension_warns_of_the_events_it_discards(env, conn, prefix):
     """DROP EXTENSION outbox deletes outbox.events with the events Kafka never got: it says how
     many in a WARNING, counted as outbox.status counts pending and failed events (published ones

@@ -60,3 +60,26 @@ def test_restart_then_emit(env, prefix, reader_factory):
 
     log = "\n".join(watcher.new_lines())
     assert "outbox relay started for database" in log, log[-3000:]
+
+
+def test_pg_sh_start_right_after_a_crash(env):
+    """The README says to run test/demo.sh (which runs test/env/pg.sh start) again after a crash.
+    Right after kill -9 of the postmaster, pg.sh said "already running" and exited 0 while the
+    server was down (a fresh user's try): pg_ctl status still found the dying postmaster. One
+    pg.sh start must bring the server back, however soon after the crash it runs."""
+    import os
+    import signal
+    from helpers_lifecycle import extra_cluster
+    from conftest import pg_connect, pg_sh, query_one, wait_until
+    with extra_cluster(env, "crashstart", 33, database="postgres") as other:
+        c = wait_until(lambda: pg_connect(other), 30, "a connection")
+        c.close()
+        with open(f"{other.pg_dir}/data/postmaster.pid") as f:
+            pid = int(f.readline())
+        os.kill(pid, signal.SIGKILL)
+        p = pg_sh(other, "start", check=False, timeout=120)
+        assert p.returncode == 0, f"pg.sh start failed:\n{p.stdout}\n{p.stderr}"
+        assert "already running" not in (p.stdout + p.stderr), (p.stdout, p.stderr)
+        c = pg_connect(other)
+        assert query_one(c, "SELECT 1")[0] == 1
+        c.close()

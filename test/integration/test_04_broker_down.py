@@ -146,3 +146,34 @@ def _broker_down_at_start(env, prefix, reader_factory, outage):
     assert len(relay_lines) < 3 * MAX_OUTAGE_WARNINGS, "\n".join(relay_lines[:40])
     assert any("reached Kafka again" in ln for ln in relay_lines), "\n".join(relay_lines)
 
+
+
+def test_state_is_publishing_while_kafka_has_not_acknowledged(env, conn, prefix, reader_factory):
+    """outbox.status.state says publishing while the relay waits for Kafka's acknowledgements:
+    a fresh user froze the broker, emitted, and saw 'idle' for the whole delivery timeout (30 s by
+    default) while pending grew, so the documented alert's state test did not fire. The broker is
+    frozen here (SIGSTOP) until the relay is seen waiting for its delivery reports."""
+    import os
+    import signal
+    from pathlib import Path
+    agg_type = new_aggregate_type("waitstate")
+    topic = prefix + agg_type
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    wait_until(lambda: relay_status(conn)[0]["state"] == "idle", 30, "an idle relay")
+    with open(Path(env.kafka_dir) / "broker.pid") as f:
+        broker = int(f.read().strip())
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        event_id = query_one(conn, "SELECT outbox.emit(%s, 'a', 'e', '{}', NULL, %s)::text",
+                             (agg_type, topic))[0]
+        wait_until(lambda: query_one(conn, "SELECT count(*) FROM pg_stat_activity WHERE backend_type ="
+                                           " 'outbox relay' AND query = 'outbox relay: waiting for delivery reports'"
+                                           " AND datname = current_database()")[0] == 1, 30,
+                   "the relay to wait for its delivery reports")
+        st = relay_status(conn)[0]
+        assert st["state"] == "publishing", f"state {st['state']!r} while Kafka has not acknowledged: {st}"
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    wait_until(lambda: event_id in {m.event_id for m in reader.read_until(1, timeout=1, extra=0)}, 60,
+               "the event after the broker woke up")

@@ -16,6 +16,7 @@ import pytest
 from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type, pg_connect,
                       pg_sh, query, query_one, relay_status, report, server_major, set_conf,
                       unique_messages, wait_relay_ready, wait_until)
+from helpers_security import wait_counts
 
 
 def state(conn):
@@ -77,7 +78,15 @@ def test_malformed_or_reserved_kafka_properties_are_refused(env, conn):
                            'property "topic.partitioner" is set by the relay itself'),
                           ("TOPIC.ACKS=0", 'property "TOPIC.ACKS" is set by the relay itself'),
                           # the relay is no transactional producer: it would flap between states
-                          ("transactional.id=x", 'property "transactional.id" is set by the relay itself')):
+                          ("transactional.id=x", 'property "transactional.id" is set by the relay itself'),
+                          # a ';' inside a value is written \; (a user's try: 'ab;;cd=1' silently
+                          # made the password 'ab' and a property 'cd')
+                          ("sasl.password=ab;cd",
+                           "item 2 is not of the form key=value (write a ';' inside a value as \\;)"),
+                          ("linger.ms=5;;client.id=x",
+                           "item 2 is empty (write a ';' inside a value as \\;)"),
+                          ("sasl.password=ab;;cd=1", "item 2 is empty"),
+                          (";linger.ms=5", "item 1 is empty")):
         with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
             query(conn, f"ALTER SYSTEM SET outbox.kafka_properties = '{value}'")
         assert detail in str(e.value), str(e.value)
@@ -100,6 +109,43 @@ def test_malformed_or_reserved_kafka_properties_are_refused(env, conn):
     finally:
         conf.write_text(original)
         query(conn, "SELECT pg_reload_conf()")
+
+
+def test_kafka_properties_escapes(env, conn, prefix, reader_factory):
+    r"""In outbox.kafka_properties \; is a ';' and \\ a backslash inside a key or value; any other
+    backslash stays as written; blanks around keys and values go; one ';' at the end is allowed.
+    SHOW gives the properties back escaped, so that the value read back means the same, secrets
+    masked; the relay runs with them and delivers."""
+    agg = new_aggregate_type("escapes")
+    topic = prefix + agg
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    watcher = LogWatcher(env)
+    cases = (
+        (r"client.id=a\;b\\c\d;linger.ms=5;", r"client.id=a\;b\c\d;linger.ms=5"),
+        (r" sasl.password = p\;w\\ ;client.id = x\\ ", r"sasl.password=********;client.id=x\\"),
+        (r"client.id=C:\certs\;x", r"client.id=C:\certs\;x"),
+    )
+    def shows(value):
+        return query_one(conn, "SHOW outbox.kafka_properties")[0] == value
+    try:
+        for i, (value, shown) in enumerate(cases):
+            set_conf(conn, kafka_properties=value)
+            wait_until(lambda: shows(shown), 20, f"SHOW {shown!r} after {value!r}")
+            # what SHOW gives, set again, is the same properties
+            if "********" not in shown:
+                set_conf(conn, kafka_properties=shown)
+                wait_until(lambda: shows(shown), 20, f"SHOW {shown!r} after setting it")
+            wait_until(lambda: "Kafka settings changed" in "\n".join(watcher.new_lines()), 20,
+                       f"the relay to apply {value!r}")
+            watcher = LogWatcher(env)
+            emitted = [e for e, _, _ in emit_round_robin(conn, agg, 2, 2, f"esc{i}")]
+            counts = wait_counts(reader, {e: 1 for e in emitted}, timeout=60, extra=0)
+            assert all(counts.get(e) for e in emitted), f"not delivered with {value!r}"
+            assert state(conn) in ("idle", "publishing"), relay_status(conn)
+    finally:
+        set_conf(conn, kafka_properties=None)
+    wait_until(lambda: state(conn) in ("idle", "publishing"), 20, "the relay after the reset")
 
 
 def test_refused_kafka_properties_at_server_start_stop_the_relay(env, prefix, reader_factory):
@@ -237,8 +283,14 @@ def test_last_error_follows_a_new_bootstrap_servers(env, conn):
             relay_status(conn)[0]), 30, "last_error to name the new bootstrap server 127.0.0.1:2")
         assert st["state"] == "broker_down", st
         report(f"OUTBOX CONFIG last_error after a new bootstrap_servers: {st['last_error']!r}")
+        # from broker_down to config_error: Kafka was not reached (a fresh user saw the relay log
+        # "reached Kafka again" right after it refused an unknown property)
+        set_conf(conn, kafka_properties="no.such.property=1")
+        wait_until(lambda: state(conn) == "config_error", 30, "config_error for an unknown property")
+        reached = [ln for ln in watcher.new_lines() if "reached Kafka again" in ln]
+        assert not reached, reached
     finally:
-        set_conf(conn, bootstrap_servers=None)
+        set_conf(conn, bootstrap_servers=None, kafka_properties=None)
     wait_until(lambda: state(conn) in ("idle", "publishing"), 60, "the relay back on the real broker")
 
 

@@ -343,15 +343,15 @@ def test_concurrent_pause_and_resume_the_later_commit_wins(env):
         conn.close()
 
 
-def readme_monitoring_query() -> str:
-    """The alert query of README.md's "Monitoring" section, exactly as printed there."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def documented_alert_query() -> str:
+    """The alert query of doc/operations.md's "Monitoring" section, exactly as printed there."""
+    text = (Path(__file__).resolve().parents[2] / "doc" / "operations.md").read_text()
     start = text.index("-- no relay, or a relay that is not delivering")
     return text[start:text.index("```", start)]
 
 
-def test_readme_monitoring_query(env):
-    sql = readme_monitoring_query()
+def test_documented_alert_query(env):
+    sql = documented_alert_query()
     conn = pg_connect(env)
     try:
         wait_state(conn, ("idle", "publishing"), what="relay running")
@@ -363,7 +363,7 @@ def test_readme_monitoring_query(env):
         query(conn, "SELECT outbox.resume()")
         wait_state(conn, ("idle", "publishing"), what="relay resumed after the test")
         conn.close()
-    report(f"OUTBOX MONITORING QUERY (README): running -> {healthy!r}, paused -> {paused!r}")
+    report(f"OUTBOX MONITORING QUERY (doc/operations.md): running -> {healthy!r}, paused -> {paused!r}")
     assert healthy is None, healthy
     assert paused is not None and paused.startswith("relay paused"), paused
 

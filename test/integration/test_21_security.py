@@ -1,4 +1,4 @@
-"""
+r"""
 Security with a running relay, reloads and the server log (the SQL privileges themselves are
 covered by test/pgtap/security.sql):
 
@@ -6,7 +6,8 @@ covered by test/pgtap/security.sql):
     written), the allowed ones are delivered.
 (b) secrets in outbox.kafka_properties never show: not in the server log (whole file, also with
     log_statement = 'all'), not in SHOW / current_setting() / pg_settings (superuser and a
-    pg_read_all_settings member), not in outbox.status, not in error messages.
+    pg_read_all_settings member), not in outbox.status, not in error messages; nor any part of
+    a secret with a ';' and a backslash (written \; and \\), nor of one whose ';' was not escaped.
 (c) a role granted ALTER SYSTEM on outbox.kafka_properties cannot make the server load code or
     run commands (22023, nothing in postgresql.auto.conf).
 (d) outbox.role: the relay connects as that role with exactly README's grants; a missing grant is
@@ -40,6 +41,17 @@ SECRET_URL_SHOWN = "sasl.oauthbearer.token.endpoint.url=********"
 SECRET_NEWER_PROPS = (f"sasl.oauthbearer.assertion.private.key.passphrase={SECRET};"
                       f"sasl.oauthbearer.assertion.private.key.pem={SECRET};SASL.PASSWORD={SECRET};"
                       f"ssl.Key.Pem={SECRET};linger.ms=2")
+# a secret with a ';' and a backslash, written with the escapes \; and \\; none of its parts
+# may show
+SEMI_SECRET_PARTS = ("Sc1Part", "Sc2Part", "Sc3Part")
+SEMI_SECRET_PROPS = "sasl.username=u1;sasl.password=Sc1Part\\;Sc2Part\\\\Sc3Part;linger.ms=2"
+SECRETS = (SECRET,) + SEMI_SECRET_PARTS
+
+
+def has_secret(text: str) -> bool:
+    return any(s in text for s in SECRETS)
+
+
 SECRET_NEWER_SHOWN = ("sasl.oauthbearer.assertion.private.key.passphrase=********;"
                       "sasl.oauthbearer.assertion.private.key.pem=********;SASL.PASSWORD=********;"
                       "ssl.Key.Pem=********;linger.ms=2")
@@ -165,7 +177,7 @@ def test_secrets_never_leak(env, prefix, reader_factory):
             query(conn, "RESET ROLE")
         for who, v in (("superuser", vis), ("pg_read_all_settings member", vis_r)):
             for k, text in v.items():
-                if SECRET in text:
+                if has_secret(text):
                     leaks.append(f"{where}: {k} as {who} shows the secret: {text}")
         return vis, vis_r
 
@@ -190,14 +202,16 @@ def test_secrets_never_leak(env, prefix, reader_factory):
         # 2. errors: a statement setting it with an invalid companion property, in a session,
         #    and a value librdkafka refuses (the relay's log line and outbox.status)
         for value in (f"sasl.password={SECRET};acks=1", f"sasl.password={SECRET};garbage",
-                      f"sasl.password={SECRET};ssl.engine.location=/x.so"):
+                      f"sasl.password={SECRET};ssl.engine.location=/x.so",
+                      # a ';' of the secret not escaped: refused, never quoted
+                      "sasl.password=Sc1Part;Sc2Part", "sasl.password=Sc1Part;;Sc2Part=Sc3Part"):
             with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
                 query(conn, "ALTER SYSTEM SET outbox.kafka_properties = %s", (value,))
-            if SECRET in full_error(e.value):
+            if has_secret(full_error(e.value)):
                 leaks.append(f"ALTER SYSTEM error message: {full_error(e.value)}")
         with pytest.raises(psycopg2.Error) as e:
             query(conn, "SET outbox.kafka_properties = %s", (f"sasl.password={SECRET}",))
-        if SECRET in full_error(e.value):
+        if has_secret(full_error(e.value)):
             leaks.append(f"SET error message: {full_error(e.value)}")
         log2 = Log(env)
         set_system(conn, {"outbox.kafka_properties": f"sasl.password={SECRET};linger.ms=not-a-number"})
@@ -217,6 +231,11 @@ def test_secrets_never_leak(env, prefix, reader_factory):
         set_system(conn, {"outbox.kafka_properties": SECRET_NEWER_PROPS})
         wait_session_shows(conn, "outbox.kafka_properties", SECRET_NEWER_SHOWN)
         check_views("newer or mistyped secret properties", SECRET_NEWER_SHOWN)
+        # a secret with ';' and a backslash, escaped: masked whole, the relay runs with it
+        set_system(conn, {"outbox.kafka_properties": SEMI_SECRET_PROPS})
+        wait_session_shows(conn, "outbox.kafka_properties", SECRET_SHOWN)
+        wait_state(conn, ("idle", "publishing"), 20)
+        check_views("a secret with ';' and a backslash", SECRET_SHOWN)
 
         # 3. postgresql.conf + reload (ALTER SYSTEM's value removed first)
         alter_system(conn, "outbox.kafka_properties", None)
@@ -245,12 +264,13 @@ def test_secrets_never_leak(env, prefix, reader_factory):
                 query(c2, f"SELECT '{marker}_{setting}'")
                 query(c2, "ALTER SYSTEM SET outbox.kafka_properties = %s", (SECRET_PROPS,))
                 query(c2, f"alter system set OUTBOX.Kafka_Properties to '{SECRET_PROPS}'")
+                query(c2, "ALTER SYSTEM SET outbox.kafka_properties = %s", (SEMI_SECRET_PROPS,))
                 # run by a function (refused: ALTER SYSTEM cannot run there): the error's CONTEXT
                 # line would quote the inner statement in the log
                 inner = f"ALTER SYSTEM SET outbox.kafka_properties = '{SECRET_PROPS}'".replace("'", "''")
                 with pytest.raises(psycopg2.Error) as e:
                     query(c2, f"DO $$BEGIN EXECUTE '{inner}'; END$$")
-                if SECRET in full_error(e.value):
+                if has_secret(full_error(e.value)):
                     leaks.append(f"error of a DO block: {full_error(e.value)}")
                 query(c2, "ALTER SYSTEM RESET outbox.kafka_properties")
             finally:
@@ -260,7 +280,7 @@ def test_secrets_never_leak(env, prefix, reader_factory):
                 f"{setting} = {value} did not log the marker statement: the check could not fail"
 
         # 5. outbox.status after all this
-        if SECRET in repr(relay_status(conn)):
+        if has_secret(repr(relay_status(conn))):
             leaks.append(f"outbox.status: {relay_status(conn)}")
     finally:
         conf.write_text(original_conf)
@@ -273,7 +293,7 @@ def test_secrets_never_leak(env, prefix, reader_factory):
     # the whole server log, from the cluster's start
     text = whole_log(env)
     for ln in text.splitlines():
-        if SECRET in ln:
+        if has_secret(ln):
             leaks.append(f"server log: {ln}")
     report(f"OUTBOX SECRETS: '{SECRET_PROPS.replace(SECRET, '<secret>')}' accepted with PLAINTEXT and"
            f" delivered; {len(leaks)} place(s) showed the secret"
@@ -312,6 +332,7 @@ def test_secret_not_in_pg_stat_statements_or_pg_stat_activity(env):
         try:
             query(setter, "ALTER SYSTEM SET outbox.kafka_properties = %s", (SECRET_PROPS,))
             query(setter, f"alter system set OUTBOX.Kafka_Properties to '{SECRET_PROPS}'")
+            query(setter, "ALTER SYSTEM SET outbox.kafka_properties = %s", (SEMI_SECRET_PROPS,))
             query(conn, f'SET ROLE "{monitor}"')
             try:
                 activity = query_one(conn, "SELECT query FROM pg_stat_activity WHERE pid = %s",
@@ -331,7 +352,7 @@ def test_secret_not_in_pg_stat_statements_or_pg_stat_activity(env):
         masked = "= $1" if major >= 18 else "(not shown)"
         assert any(masked in q for q in statements), statements
         for where, text in [("pg_stat_activity", activity)] + [("pg_stat_statements", q) for q in statements]:
-            if SECRET in text:
+            if has_secret(text):
                 leaks.append(f"{where}: {text}")
     finally:
         c = wait_until(lambda: pg_connect(env), 30, "a connection")
@@ -868,4 +889,30 @@ def test_drop_extension_count_ignores_the_callers_operators(env):
     finally:
         query(conn, f'DROP DATABASE IF EXISTS "{db}"')
         drop_role(conn, attacker)
+        conn.close()
+
+
+def test_librdkafka_errors_never_show_a_masked_value(env):
+    """SHOW masks the value of a secret property, but librdkafka's own error text may quote it: a
+    fresh user saw "could not create the Kafka producer: Failed to open ssl.keystore.location:
+    /nonexistent/KSSECRET" in outbox.status.last_error (readable by pg_monitor) and in the log.
+    Every librdkafka text is now scrubbed of the secret values before it is shown."""
+    conn = pg_connect(env)
+    secret = unique("KSSECRET")
+    props = f"security.protocol=SSL;ssl.keystore.location=/nonexistent/{secret};ssl.keystore.password=pw-{secret}"
+    log = Log(env)
+    try:
+        alter_system(conn, "outbox.kafka_properties", props)
+        reload(conn)
+        st = wait_state(conn, ("config_error", "broker_down"), 60, "the relay to refuse the keystore")
+        assert st["last_error"], st
+        assert "ssl.keystore.location" in st["last_error"], st      # the error is still useful
+        shown = [t for t in (st["last_error"],) if secret in t]
+        logged = [ln for ln in log.lines() if secret in ln]
+        assert not shown, f"outbox.status.last_error shows the masked value: {shown}"
+        assert not logged, f"the server log shows the masked value: {logged[:3]}"
+    finally:
+        alter_system(conn, "outbox.kafka_properties", None)
+        reload(conn)
+        wait_relay_ready(env)
         conn.close()

@@ -1,4 +1,4 @@
-"""
+r"""
 SASL to Kafka: the relay publishes through a SASL_PLAINTEXT listener (mechanism PLAIN) with the
 credentials in outbox.kafka_properties.
 
@@ -13,31 +13,43 @@ outbox/outbox-secret), unless that listener is already there.  The PLAINTEXT por
   gets a bounded number of relay lines while events keep being committed, the same worker keeps
   running (no exit), the events stay pending, no password appears in the log or the status;
   the right password again (reload): every held event is delivered once, in order per key.
+- a password with a ';' and a backslash (user semi), written with the escapes \; and \\: it
+  reaches the broker intact (events delivered through the SASL port), set by ALTER SYSTEM and
+  in postgresql.conf (whose own escapes double the backslashes once more); written without the
+  escape it is refused; no part of it shows in SHOW, pg_settings, outbox.status or the log.
 """
 import time
 from pathlib import Path
 
+import psycopg2
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from conftest import (create_topics, event_rows, message_problems, new_aggregate_type,
-                      order_problems, pg_connect, report, unique_messages, wait_relay_ready,
-                      wait_until)
+                      order_problems, pg_connect, query, query_one, relay_status, report,
+                      unique_messages, wait_relay_ready, wait_until)
 from helpers_security import (Log, emit_many, entries, lines_of_pid, pending_count, port_open,
-                              run_kafka_sh, set_system, status, tcp_remote_ports, wait_counts,
-                              wait_shown, wait_state, worker_exits)
+                              reload, run_kafka_sh, set_system, status, tcp_remote_ports,
+                              wait_counts, wait_shown, wait_state, whole_log, worker_exits)
 
 SASL_PORT_OFFSET = 5
 GOOD_PASSWORD = "outbox-secret"
 WRONG_PASSWORD = "wr0ng-Pa55w0rd"
 PROPS = "security.protocol=SASL_PLAINTEXT;sasl.mechanisms=PLAIN;sasl.username=outbox;sasl.password={}"
+# user semi of test/env/kafka.sh, and its password's parts that must never show
+SEMI_PASSWORD = "Semi7;Colon7\\Back7"
+SEMI_PARTS = ("Semi7", "Colon7", "Back7")
+SEMI_PROPS = "security.protocol=SASL_PLAINTEXT;sasl.mechanisms=PLAIN;sasl.username=semi;sasl.password={}"
+SEMI_SHOWN = ("security.protocol=SASL_PLAINTEXT;sasl.mechanisms=PLAIN;sasl.username=********;"
+              "sasl.password=********")
 WRONG_OBSERVE_S = 10           # time the relay runs with the wrong password
 WRONG_EMIT_EVERY_S = 0.5       # events committed meanwhile (each one wakes the relay)
 MAX_WRONG_ENTRIES = 4          # relay log entries (with DETAIL/HINT) in that time
 
 
-def _sasl_client_works(port: int, password: str) -> bool:
+def _sasl_client_works(port: int, password: str, user: str = "outbox") -> bool:
     a = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT",
-                     "sasl.mechanisms": "PLAIN", "sasl.username": "outbox", "sasl.password": password,
+                     "sasl.mechanisms": "PLAIN", "sasl.username": user, "sasl.password": password,
                      "log_level": 0})
     try:
         md = a.list_topics(timeout=5)
@@ -51,7 +63,8 @@ def ensure_sasl_listener(env, sport: int):
     the restart took (None: not needed)."""
     props = Path(env.kafka_dir) / "server.properties"
     if port_open(sport) and props.exists() and \
-            f"SASL_PLAINTEXT://127.0.0.1:{sport}" in props.read_text():
+            f"SASL_PLAINTEXT://127.0.0.1:{sport}" in props.read_text() and \
+            "user_semi=" in props.read_text():
         return None
     t0 = time.monotonic()
     run_kafka_sh(env, "restart", extra_env={"OUTBOX_KAFKA_SASL_PORT": str(sport)})
@@ -178,3 +191,102 @@ def test_relay_publishes_through_sasl(env, prefix, reader_factory):
            f" same worker, 0 published, last_error {last_error!r}; right password again: all delivered"
            f" once, in order, in {figures['recover_s']:.1f}s")
     assert not problems, "\n  ".join(["with a wrong SASL password:"] + problems)
+
+
+def kafka_escaped(value: str) -> str:
+    """value as written in outbox.kafka_properties: a backslash as \\\\, ';' as \\;."""
+    return value.replace("\\", "\\\\").replace(";", "\\;")
+
+
+def test_password_with_semicolon_and_backslash(env, prefix, reader_factory):
+    """A password with a ';' and a backslash reaches librdkafka intact and never shows (a user's
+    try: 'ab;cd', '"ab;cd"' and 'ab\\;cd' were all refused, and 'ab;;cd=1' silently made the
+    password 'ab' and a property 'cd')."""
+    sport = env.kafka_port + SASL_PORT_OFFSET
+    ensure_sasl_listener(env, sport)
+    wait_relay_ready(env, 90)
+    assert _sasl_client_works(sport, SEMI_PASSWORD, "semi"), "the SASL listener refuses user semi"
+    assert not _sasl_client_works(sport, SEMI_PASSWORD.split(";")[0], "semi"), \
+        "the SASL listener accepts the password cut at its ';'"
+
+    agg = new_aggregate_type("semi")
+    topic = prefix + agg
+    create_topics(env, [topic])
+    reader = reader_factory([topic])
+    conn = pg_connect(env)
+    conf = Path(env.pg_dir) / "data" / "postgresql.conf"
+    original_conf = conf.read_text()
+    sasl_servers = f"127.0.0.1:{sport}"
+    escaped = kafka_escaped(SEMI_PASSWORD)
+    leaks = []
+
+    def look(where, lines):
+        """No part of the password in SHOW, pg_settings, outbox.status or the given log lines."""
+        seen = {"SHOW": query_one(conn, "SHOW outbox.kafka_properties")[0],
+                "pg_settings": repr(query(conn, "SELECT * FROM pg_settings"
+                                                " WHERE name = 'outbox.kafka_properties'")),
+                "outbox.status": repr(relay_status(conn))}
+        seen.update({f"log: {ln}": ln for ln in lines})
+        leaks.extend(f"{where}: {k}" for k, text in seen.items()
+                     if any(p in text for p in SEMI_PARTS))
+        return seen["SHOW"]
+
+    def delivered_through_sasl(tag):
+        ok = emit_many(conn, agg, ["k1", "k2"], 2, tag=tag)
+        counts = wait_counts(reader, {e: 1 for e, _, _ in ok}, timeout=60, extra=0.5)
+        missing = [e for e, _, _ in ok if counts.get(e, 0) < 1]
+        assert not missing, f"{tag}: {len(missing)} of {len(ok)} events not delivered through SASL"
+        wait_until(lambda: pending_count(conn, agg) == 0, 30, f"{tag}: the events marked published")
+        ports = tcp_remote_ports(status(conn)["pid"])
+        assert ports is None or (sport in ports and env.kafka_port not in ports), ports
+
+    try:
+        # written without the escape: refused, and the message quotes no part of it
+        for bad in (SEMI_PROPS.format(SEMI_PASSWORD),
+                    SEMI_PROPS.format(SEMI_PASSWORD.replace(";", ";;") + "=1")):
+            with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+                query(conn, "ALTER SYSTEM SET outbox.kafka_properties = %s", (bad,))
+            msg = str(e.value) + (e.value.diag.message_detail or "")
+            assert "\\;" in msg, msg
+            assert not any(p in msg for p in SEMI_PARTS), msg
+
+        # 1. ALTER SYSTEM, with \; and \\
+        log = Log(env)
+        set_system(conn, {"outbox.bootstrap_servers": sasl_servers,
+                          "outbox.kafka_properties": SEMI_PROPS.format(escaped)})
+        wait_shown(env, "outbox.bootstrap_servers", sasl_servers)
+        wait_until(lambda: "Kafka settings changed" in log.text(), 20, "the relay to apply the settings")
+        delivered_through_sasl("alter_system")
+        shown = look("ALTER SYSTEM", log.lines())
+        assert shown == SEMI_SHOWN, shown
+
+        # back to PLAINTEXT, so that the file's value is a change the relay applies
+        log = Log(env)
+        set_system(conn, {"outbox.bootstrap_servers": None, "outbox.kafka_properties": None})
+        wait_shown(env, "outbox.bootstrap_servers", env.bootstrap)
+        wait_until(lambda: "Kafka settings changed" in log.text(), 20, "the relay to go back to PLAINTEXT")
+
+        # 2. postgresql.conf: its own escapes halve the backslashes once more
+        log = Log(env)
+        in_file = SEMI_PROPS.format(escaped).replace("\\", "\\\\")
+        conf.write_text(original_conf + f"\noutbox.bootstrap_servers = '{sasl_servers}'"
+                                        f"\noutbox.kafka_properties = '{in_file}'\n")
+        reload(conn)
+        wait_shown(env, "outbox.bootstrap_servers", sasl_servers)
+        wait_until(lambda: "Kafka settings changed" in log.text(), 20, "the relay to apply the file")
+        delivered_through_sasl("postgresql.conf")
+        shown = look("postgresql.conf", log.lines())
+        assert shown == SEMI_SHOWN, shown
+    finally:
+        conf.write_text(original_conf)
+        set_system(conn, {"outbox.bootstrap_servers": None, "outbox.kafka_properties": None})
+        wait_shown(env, "outbox.bootstrap_servers", env.bootstrap)
+        conn.close()
+        wait_relay_ready(env, 60)
+    text = whole_log(env)
+    leaks += [f"server log: {ln}" for ln in text.splitlines() if any(p in ln for p in SEMI_PARTS)]
+    assert not leaks, "a part of the password showed:\n  " + "\n  ".join(leaks[:20])
+    report("OUTBOX SASL password with ';' and a backslash (user semi): written with \\; and \\\\,"
+           " delivered through the SASL port, set by ALTER SYSTEM and in postgresql.conf; unescaped"
+           " it is refused (22023, the message names the escape); no part of it in SHOW,"
+           " pg_settings, outbox.status or the server log")

@@ -14,8 +14,11 @@ The launcher and its per-database relays (issue 11, phase 1), on a throw-away cl
   DATABASE ... TEMPLATE it: never held up, relays stop and start accordingly;
 - outbox.max_workers smaller than the databases: one WARNING naming the unserved database,
   outbox.cluster_status() and its outbox.status say waiting_for_slot, and the postgres_exporter
-  queries (sql/monitoring/postgres_exporter.yaml) and the README's alert query tell healthy,
-  paused and unserved relays apart, run as a role that is only in pg_monitor.
+  queries (sql/monitoring/postgres_exporter.yaml) and the alert query of doc/operations.md tell healthy,
+  paused and unserved relays apart, run as a role that is only in pg_monitor;
+- max_worker_processes short of the relays: every covered database gets its first relay before
+  any gets a second, also in the order the workers start, and one left without a relay gets a
+  worker from another database's extra relays within seconds.
 
 The 1.x configuration (outbox.database only) is what every other test runs on.
 """
@@ -404,15 +407,15 @@ def run_exporter_query(conn, name, spec):
     return [dict(zip(names, r)) for r in rows]
 
 
-def readme_alert(conn):
-    from test_20_capture_ops import readme_monitoring_query
-    return query_one(conn, readme_monitoring_query())[0]
+def documented_alert(conn):
+    from test_20_capture_ops import documented_alert_query
+    return query_one(conn, documented_alert_query())[0]
 
 
 def test_max_workers_leaves_databases_unserved(env):
     """outbox.max_workers = 2, three listed databases: the third gets no relay, one WARNING names
     it, outbox.cluster_status() (as a pg_monitor-only role) and its own outbox.status say
-    waiting_for_slot, and the postgres_exporter queries of sql/monitoring/ and the README's alert
+    waiting_for_slot, and the postgres_exporter queries of sql/monitoring/ and the documented alert
     query tell healthy, paused and unserved relays apart."""
     with extra_cluster(env, "launcher-slots", 29, database="postgres") as other:
         c, _ = relayed_databases(env, other, DBS)
@@ -474,8 +477,8 @@ def test_max_workers_leaves_databases_unserved(env):
         assert [(b["database"], b["pending"]) for b in backlog] == [(DBS[2], 3)], backlog
         assert backlog[0]["oldest_pending_age_seconds"] > 0, backlog
 
-        # the README's alert query, run in each database
-        alerts = {d: readme_alert(mon[d]) for d in DBS}
+        # the alert query of doc/operations.md, run in each database
+        alerts = {d: documented_alert(mon[d]) for d in DBS}
         assert alerts[DBS[0]] is None, alerts
         assert alerts[DBS[1]].startswith("relay paused"), alerts
         assert alerts[DBS[2]].startswith("relay waiting_for_slot: outbox.max_workers (2)"), alerts
@@ -489,7 +492,7 @@ def test_max_workers_leaves_databases_unserved(env):
                f" naming {DBS[2]}; cluster_status() as pg_monitor: launcher running, {DBS[2]}"
                f" waiting_for_slot ({unserved[4]!r}); exporter queries {sorted(spec)}:"
                f" states {sorted((d, m['state'], m['up']) for d, m in metrics.items())}, backlog of"
-               f" {DBS[2]} pending {backlog[0]['pending']}; README alert: {alerts}")
+               f" {DBS[2]} pending {backlog[0]['pending']}; alert query: {alerts}")
         for m in mon.values():
             m.close()
         c.close()
@@ -527,4 +530,151 @@ def test_relay_refused_by_its_database_is_restarted_with_backoff(env):
         report(f"OUTBOX LAUNCHER backoff: a relay refused by its database exited {len(exits)} time(s)"
                f" in {observe_s}s (delays 1, 2, 4, ... s), shown meanwhile as {row[0]}: {row[1]!r};"
                f" then ran once CONNECT was granted")
+        c.close()
+
+
+BGW_DBS = ["lx_a", "lx_b", "lx_c"]
+BGW_LATE_DB = "lx_d"            # listed on reload, part 2
+BGW_BARE_DB = "lx_e"            # no extension, part 3 (like the user's "shop")
+
+
+def relays_per_db(other, dbs):
+    """{database: (relays running, their k, bucket ranges tile 0..255)} from each database's own
+    outbox.status; a database without a running relay is left out."""
+    out = {}
+    for d in dbs:
+        dc = connect_db(other, d)
+        try:
+            rows = query(dc, "SELECT workers, buckets::text FROM outbox.status"
+                             " WHERE worker IS NOT NULL AND pid IS NOT NULL ORDER BY worker")
+        finally:
+            dc.close()
+        if rows:
+            edges = [tuple(int(x) for x in r[1].strip("[)").split(",")) for r in rows]
+            tiled = (edges[0][0] == 0 and edges[-1][1] == 256
+                     and all(x[1] == y[0] for x, y in zip(edges, edges[1:])))
+            out[d] = (len(rows), sorted({r[0] for r in rows}), tiled)
+    return out
+
+
+def every_db_served(other, dbs, relays):
+    """Every database of dbs runs a whole generation (k = relays running, buckets tiled), and
+    together they run `relays` relays; returns {database: relays} then."""
+    per = relays_per_db(other, dbs)
+    ok = (sorted(per) == sorted(dbs) and all(k == [n] and tiled for n, k, tiled in per.values())
+          and sum(n for n, _, _ in per.values()) == relays)
+    return {d: n for d, (n, _, _) in per.items()} if ok else None
+
+
+def wait_served(other, dbs, relays, what):
+    """Wait (30 s) until every_db_served; the failure shows each database's relays."""
+    try:
+        return wait_until(lambda: every_db_served(other, dbs, relays), 30, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; relays (running, k, tiled): {relays_per_db(other, dbs)}") from None
+
+
+def unserved_rows(other):
+    """outbox.cluster_status()'s rows of databases without a relay (read in lx_a)."""
+    dc = connect_db(other, BGW_DBS[0])
+    try:
+        return query(dc, "SELECT database, state, last_error FROM outbox.cluster_status()"
+                         " WHERE kind = 'relay' AND pid IS NULL")
+    finally:
+        dc.close()
+
+
+def drain(other, db, n=60):
+    """n events in db, all published (every bucket of the database has its relay)."""
+    emit_in(other, db, new_aggregate_type("lxbgw"), n, "bgw")
+    dc = connect_db(other, db)
+    try:
+        wait_until(lambda: query_one(dc, "SELECT count(*) FROM outbox.events e"
+                                         " WHERE NOT outbox.published(e)")[0] == 0, 30,
+                   f"every event of {db} published")
+    finally:
+        dc.close()
+
+
+def test_background_workers_short_first_relay_for_every_database(env):
+    """max_worker_processes = 8 leaves 6 background workers for relays (PostgreSQL's logical
+    replication launcher and ours take 2); outbox.max_workers = 8 and k = 3.  Every covered
+    database gets its first relay before any gets a second, also in the order the workers start
+    (a user's try: two databases got 3 relays, the third none for 3m45s, with "runs 2 of 3 relays
+    for database db3" logged just before "cannot start a relay for database db3"):
+    1. at start, listed lx_a, lx_b, lx_c run 3, 2 and 1 relays; none is ever without one;
+    2. a fourth database listed on reload gets a relay within seconds: lx_b gives one up;
+    3. the user's steps: '*' (two databases without the extension) with k = 1, then k = 3 on
+       reload: every database runs a relay again within seconds.
+    Every event of every database is published."""
+    with extra_cluster(env, "launcher-bgw", 29, database="postgres") as other:
+        c, _ = relayed_databases(env, other, BGW_DBS)
+        query(c, "ALTER SYSTEM SET max_worker_processes = 8")
+        query(c, "ALTER SYSTEM SET outbox.max_workers = 8")
+        query(c, "ALTER SYSTEM SET outbox.workers_per_database = 3")
+        query(c, "ALTER SYSTEM SET outbox.databases = %s", (", ".join(BGW_DBS),))
+        c.close()
+        watcher = LogWatcher(other)
+        pg_sh(other, "restart")
+        c = wait_until(lambda: pg_connect(other), 30, "a connection after the restart")
+        others = query(c, "SELECT backend_type FROM pg_stat_activity WHERE backend_type IN"
+                          " ('logical replication launcher', 'outbox launcher') ORDER BY 1")
+        assert [r[0] for r in others] == ["logical replication launcher", "outbox launcher"], others
+
+        # 1. at start: first relays first, then the rest of each k in order
+        start = wait_served(other, BGW_DBS, 6, "6 relays, each database with a whole generation")
+        assert start == {"lx_a": 3, "lx_b": 2, "lx_c": 1}, start
+        for d in BGW_DBS:
+            drain(other, d)
+        lines = watcher.new_lines()
+        outbox_lines = "\n".join(ln for ln in lines if "outbox" in ln)
+        assert not [ln for ln in lines if "have no relay" in ln or "cannot start a relay for" in ln], \
+            outbox_lines
+        short = sorted(ln.split("WARNING:")[-1].strip() for ln in lines if "relays for database" in ln)
+        assert short == ['outbox launcher runs 1 of 3 relays for database "lx_c"',
+                         'outbox launcher runs 2 of 3 relays for database "lx_b"'], outbox_lines
+
+        # 2. a fourth database: lx_b, the last one with more than one relay, gives one up
+        query(c, f"CREATE DATABASE {BGW_LATE_DB}")
+        dc = connect_db(other, BGW_LATE_DB)
+        query(dc, "CREATE EXTENSION outbox")
+        dc.close()
+        watcher = LogWatcher(other)
+        t0 = time.monotonic()
+        set_system(c, "outbox.databases", ", ".join(BGW_DBS + [BGW_LATE_DB]))
+        late = wait_served(other, BGW_DBS + [BGW_LATE_DB], 6, f"{BGW_LATE_DB} gets a relay, 6 in all")
+        late_s = time.monotonic() - t0
+        assert late == {"lx_a": 3, "lx_b": 1, "lx_c": 1, "lx_d": 1}, late
+        for d in BGW_DBS + [BGW_LATE_DB]:
+            drain(other, d)
+        lines = watcher.new_lines()
+        assert any(f'gives a background worker of database "lx_b" to database "{BGW_LATE_DB}"' in ln
+                   for ln in lines), "\n".join(ln for ln in lines if "outbox" in ln)
+        assert unserved_rows(other) == [], unserved_rows(other)
+
+        # 3. the user's steps: '*' with k = 1, then k = 3 on reload
+        query(c, f"DROP DATABASE {BGW_LATE_DB} WITH (FORCE)")
+        query(c, f"CREATE DATABASE {BGW_BARE_DB}")
+        query(c, "ALTER SYSTEM SET outbox.databases = '*'")
+        query(c, "ALTER SYSTEM SET outbox.workers_per_database = 1")
+        c.close()
+        pg_sh(other, "restart")
+        c = wait_until(lambda: pg_connect(other), 30, "a connection after the restart")
+        wait_until(lambda: relay_dbs(c) == BGW_DBS, 30,
+                   "one relay per database with the extension (the probes of the others exited)")
+        watcher = LogWatcher(other)
+        t0 = time.monotonic()
+        set_system(c, "outbox.workers_per_database", 3)
+        grown = wait_served(other, BGW_DBS, 6, "6 relays, each database with a whole generation, after k = 3")
+        grown_s = time.monotonic() - t0
+        for d in BGW_DBS:
+            drain(other, d)
+        assert every_db_served(other, BGW_DBS, 6), relays_per_db(other, BGW_DBS)
+        assert unserved_rows(other) == [], unserved_rows(other)
+        lines = watcher.new_lines()
+        report(f"OUTBOX LAUNCHER background workers: max_worker_processes 8 (6 for relays), k 3:"
+               f" at start {start} with no database ever without a relay; a fourth database listed"
+               f" on reload ran a relay after {late_s:.1f}s ({late}); '*' with k 1 -> 3 on reload:"
+               f" {grown} after {grown_s:.1f}s; every event published. Log of step 3:"
+               f" {[ln.split('] ')[-1][:120] for ln in lines if 'outbox launcher' in ln and ('WARNING:' in ln or 'LOG:' in ln)]}")
         c.close()

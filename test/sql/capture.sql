@@ -247,7 +247,7 @@ SELECT id FROM docs;
 SELECT aggregate_id, payload->'after'->'body' AS body FROM outbox.events WHERE aggregate_type = 'docs';
 DROP TABLE docs;
 
--- the README's tombstone recipe: a trigger that sorts after the capture trigger
+-- the tombstone recipe of doc/sql-api.md: a trigger that sorts after the capture trigger
 -- emits a NULL payload under the same aggregate type and key
 CREATE TABLE kv (id int PRIMARY KEY, v text);
 CREATE TRIGGER a_outbox AFTER INSERT OR UPDATE OR DELETE ON kv

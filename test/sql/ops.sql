@@ -76,6 +76,19 @@ SELECT aggregate_id, failed_at IS NULL AS not_failed, permanent_failures, attemp
 ALTER SYSTEM SET outbox.database = '';
 SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
 
+-- outbox.kafka_properties: a ';' inside a value is written \;, a backslash \\; an empty item
+-- (';;') is refused, one ';' at the end is not; messages never quote a value
+-- (RESET leaves postgresql.auto.conf as it was)
+ALTER SYSTEM SET outbox.kafka_properties = 'sasl.password=ab;cd';
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+ALTER SYSTEM SET outbox.kafka_properties = 'sasl.password="ab;cd"';
+ALTER SYSTEM SET outbox.kafka_properties = 'sasl.password=ab;;cd=1';
+ALTER SYSTEM SET outbox.kafka_properties = ';linger.ms=5';
+ALTER SYSTEM SET outbox.kafka_properties = 'linger.ms=5;;';
+ALTER SYSTEM SET outbox.kafka_properties = 'sasl.password=ab\;cd\\;client.id=x\;y;linger.ms=5;';
+ALTER SYSTEM SET outbox.kafka_properties = 'ssl.ca.location=C:\certs\ca.pem;sasl.password=ab\';
+ALTER SYSTEM RESET outbox.kafka_properties;
+
 -- DROP EXTENSION says what it discards (pending and failed); ROLLBACK keeps it all
 RESET client_min_messages;
 SELECT outbox.emit('order', 'r8', 'e', '{}') IS NOT NULL AS emitted;
