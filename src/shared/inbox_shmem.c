@@ -15,7 +15,8 @@
  *	- the databases where a subscription committed while no inbox worker
  *	  ran there, for the launcher to start one at once.
  * Every entry has its own spinlock, held for a copy only, so reading the
- * status never keeps a worker waiting.  The area starts zeroed after a crash
+ * status never keeps a worker waiting.  The pool's functions are in
+ * inbox_partitions.c.  The area starts zeroed after a crash
  * restart, like the relays' slots.
  *
  *-------------------------------------------------------------------------
@@ -32,55 +33,9 @@
 #include "storage/shmem.h"
 #include "utils/timestamp.h"
 
-/* partition entries for the whole server; more partitions show no live state */
-#define INBOX_STATUS_PARTITIONS		512
-/* databases a subscription woke while no inbox worker ran there */
-#define INBOX_MAX_REQUESTS			16
 
-typedef struct InboxWorkerShared
-{
-	slock_t		mutex;
-	uint32		control_seq;	/* bumped at commit of the SQL API */
-	bool		no_subscriptions;	/* the worker exits: nothing to consume */
-	bool		serving;		/* it found subscriptions (a probe never does) */
-	InboxState	state;
-	int64		applied;		/* since the worker started */
-	int64		dead;
-	int64		errors;
-	TimestampTz last_applied_at;
-	TimestampTz last_error_at;
-	char		last_error[OUTBOX_ERROR_LEN];
-} InboxWorkerShared;
-
-typedef struct InboxPartitionShared
-{
-	slock_t		mutex;
-	int			owner;			/* slot of the worker using it; -1: free */
-	pid_t		pid;
-	Oid			dboid;
-	char		subscription[NAMEDATALEN];
-	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
-	int32		partition;
-	int64		high_watermark; /* -1: not known yet */
-	InboxState	state;
-	TimestampTz last_error_at;
-	TimestampTz last_applied_at;
-	char		last_error[OUTBOX_ERROR_LEN];
-} InboxPartitionShared;
-
-typedef struct InboxShared
-{
-	slock_t		mutex;			/* protects the requests */
-	int			nrequests;
-	bool		requests_overflow;
-	Oid			requests[INBOX_MAX_REQUESTS];
-	int			nworkers;
-	InboxWorkerShared *workers; /* nworkers of them */
-	InboxPartitionShared *partitions;	/* INBOX_STATUS_PARTITIONS */
-} InboxShared;
-
-static InboxShared *inbox_shared = NULL;
-static int	my_slot = -1;
+InboxShared *inbox_shared = NULL;
+int			inbox_my_slot = -1;
 static bool wake_callback_registered = false;
 static bool wake_at_commit = false;
 
@@ -151,7 +106,7 @@ inbox_shmem_register(int slot)
 	if (slot < 0 || slot >= outbox_shared->nslots)
 		elog(FATAL, "outbox inbox started with slot %d of %d", slot,
 			 outbox_shared->nslots);
-	my_slot = slot;
+	inbox_my_slot = slot;
 	s = &outbox_shared->slots[slot];
 	SpinLockAcquire(&s->mutex);
 	s->inbox = true;
@@ -178,7 +133,7 @@ inbox_shmem_register(int slot)
 static void
 inbox_shmem_unregister(int code, Datum arg)
 {
-	OutboxRelaySlot *s = &outbox_shared->slots[my_slot];
+	OutboxRelaySlot *s = &outbox_shared->slots[inbox_my_slot];
 
 	inbox_status_release_all();
 	SpinLockAcquire(&s->mutex);
@@ -201,9 +156,9 @@ inbox_shmem_note_no_subscriptions(void)
 {
 	InboxWorkerShared *w;
 
-	if (my_slot < 0)
+	if (inbox_my_slot < 0)
 		return;
-	w = &inbox_shared->workers[my_slot];
+	w = &inbox_shared->workers[inbox_my_slot];
 	SpinLockAcquire(&w->mutex);
 	w->no_subscriptions = true;
 	SpinLockRelease(&w->mutex);
@@ -220,9 +175,9 @@ inbox_shmem_note_serving(void)
 {
 	InboxWorkerShared *w;
 
-	if (my_slot < 0)
+	if (inbox_my_slot < 0)
 		return;
-	w = &inbox_shared->workers[my_slot];
+	w = &inbox_shared->workers[inbox_my_slot];
 	SpinLockAcquire(&w->mutex);
 	w->serving = true;
 	SpinLockRelease(&w->mutex);
@@ -257,9 +212,9 @@ inbox_shmem_control_seq(void)
 	InboxWorkerShared *w;
 	uint32		seq;
 
-	if (my_slot < 0)
+	if (inbox_my_slot < 0)
 		return 0;
-	w = &inbox_shared->workers[my_slot];
+	w = &inbox_shared->workers[inbox_my_slot];
 	SpinLockAcquire(&w->mutex);
 	seq = w->control_seq;
 	SpinLockRelease(&w->mutex);
@@ -278,9 +233,9 @@ inbox_set_state(InboxState state, const char *error)
 	InboxWorkerShared *w;
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (my_slot < 0)
+	if (inbox_my_slot < 0)
 		return;
-	w = &inbox_shared->workers[my_slot];
+	w = &inbox_shared->workers[inbox_my_slot];
 	SpinLockAcquire(&w->mutex);
 	w->state = state;
 	if (error != NULL)
@@ -304,9 +259,9 @@ inbox_count(int64 applied, int64 dead, int64 errors)
 	InboxWorkerShared *w;
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (my_slot < 0)
+	if (inbox_my_slot < 0)
 		return;
-	w = &inbox_shared->workers[my_slot];
+	w = &inbox_shared->workers[inbox_my_slot];
 	SpinLockAcquire(&w->mutex);
 	w->applied += applied;
 	w->dead += dead;
@@ -314,131 +269,6 @@ inbox_count(int64 applied, int64 dead, int64 errors)
 	if (applied > 0)
 		w->last_applied_at = now;
 	SpinLockRelease(&w->mutex);
-}
-
-/*
- * inbox_status_claim
- *		Take a free partition entry for (subscription, topic, partition) of
- *		the calling worker (partition -1: a topic that does not exist yet);
- *		returns its index, or -1 when the pool is used up (the partition
- *		then shows no live state).
- */
-int
-inbox_status_claim(const char *subscription, const char *topic, int32 partition)
-{
-	int			i;
-
-	if (my_slot < 0)
-		return -1;
-	for (i = 0; i < INBOX_STATUS_PARTITIONS; i++)
-	{
-		InboxPartitionShared *p = &inbox_shared->partitions[i];
-		bool		taken = false;
-
-		SpinLockAcquire(&p->mutex);
-		if (p->owner < 0)
-		{
-			p->owner = my_slot;
-			p->pid = MyProcPid;
-			p->dboid = MyDatabaseId;
-			strlcpy(p->subscription, subscription, NAMEDATALEN);
-			strlcpy(p->topic, topic, sizeof(p->topic));
-			p->partition = partition;
-			p->high_watermark = -1;
-			p->state = partition < 0 ? INBOX_STATE_WAITING_FOR_TOPIC : INBOX_STATE_STARTING;
-			p->last_error[0] = '\0';
-			p->last_error_at = p->last_applied_at = 0;
-			taken = true;
-		}
-		SpinLockRelease(&p->mutex);
-		if (taken)
-			return i;
-	}
-	return -1;
-}
-
-/*
- * inbox_status_release_all
- *		Free every partition entry of the calling worker: at exit, and
- *		before it reloads its subscriptions.
- */
-void
-inbox_status_release_all(void)
-{
-	int			i;
-
-	if (my_slot < 0 || inbox_shared == NULL)
-		return;
-	for (i = 0; i < INBOX_STATUS_PARTITIONS; i++)
-	{
-		InboxPartitionShared *p = &inbox_shared->partitions[i];
-
-		SpinLockAcquire(&p->mutex);
-		if (p->owner == my_slot && p->pid == MyProcPid)
-			p->owner = -1;
-		SpinLockRelease(&p->mutex);
-	}
-}
-
-/*
- * inbox_status_set
- *		Partition entry's state and, if error is not NULL, its last error.
- *		A negative entry (no entry) is ignored.
- */
-void
-inbox_status_set(int entry, InboxState state, const char *error)
-{
-	InboxPartitionShared *p;
-	TimestampTz now = GetCurrentTimestamp();
-
-	if (entry < 0)
-		return;
-	p = &inbox_shared->partitions[entry];
-	SpinLockAcquire(&p->mutex);
-	p->state = state;
-	if (error != NULL)
-	{
-		strlcpy(p->last_error, error, OUTBOX_ERROR_LEN);
-		p->last_error_at = now;
-	}
-	SpinLockRelease(&p->mutex);
-}
-
-/*
- * inbox_status_watermark
- *		Kafka's high watermark (the offset the next record will get) of the
- *		partition of entry.
- */
-void
-inbox_status_watermark(int entry, int64 high)
-{
-	InboxPartitionShared *p;
-
-	if (entry < 0)
-		return;
-	p = &inbox_shared->partitions[entry];
-	SpinLockAcquire(&p->mutex);
-	p->high_watermark = high;
-	SpinLockRelease(&p->mutex);
-}
-
-/*
- * inbox_status_applied
- *		The partition of entry applied a batch now: running, error cleared.
- */
-void
-inbox_status_applied(int entry)
-{
-	InboxPartitionShared *p;
-	TimestampTz now = GetCurrentTimestamp();
-
-	if (entry < 0)
-		return;
-	p = &inbox_shared->partitions[entry];
-	SpinLockAcquire(&p->mutex);
-	p->state = INBOX_STATE_RUNNING;
-	p->last_applied_at = now;
-	SpinLockRelease(&p->mutex);
 }
 
 /*
@@ -548,9 +378,9 @@ inbox_take_requests(Oid *dboids, int max, bool *overflow)
 }
 
 /*
- * inbox_shmem_copy_worker / inbox_shmem_copy_partition
- *		Status readers (inbox_status.c): copy the entry of slot, or pool
- *		entry i, under its lock.  False if it is not in use.
+ * inbox_shmem_copy_worker
+ *		Status readers (inbox_status.c): copy the entry of slot under its
+ *		lock.  False if slot is out of range.
  */
 bool
 inbox_shmem_copy_worker(int slot, InboxWorkerCopy *out)
@@ -573,40 +403,3 @@ inbox_shmem_copy_worker(int slot, InboxWorkerCopy *out)
 	return true;
 }
 
-bool
-inbox_shmem_copy_partition(int i, InboxPartitionCopy *out)
-{
-	InboxPartitionShared *p;
-	bool		used;
-
-	if (inbox_shared == NULL || i < 0 || i >= INBOX_STATUS_PARTITIONS)
-		return false;
-	p = &inbox_shared->partitions[i];
-	SpinLockAcquire(&p->mutex);
-	used = p->owner >= 0;
-	if (used)
-	{
-		out->pid = p->pid;
-		out->dboid = p->dboid;
-		strlcpy(out->subscription, p->subscription, NAMEDATALEN);
-		strlcpy(out->topic, p->topic, sizeof(out->topic));
-		out->partition = p->partition;
-		out->high_watermark = p->high_watermark;
-		out->state = p->state;
-		out->last_error_at = p->last_error_at;
-		out->last_applied_at = p->last_applied_at;
-		strlcpy(out->last_error, p->last_error, OUTBOX_ERROR_LEN);
-	}
-	SpinLockRelease(&p->mutex);
-	return used;
-}
-
-/*
- * inbox_shmem_npartitions
- *		Size of the partition pool.
- */
-int
-inbox_shmem_npartitions(void)
-{
-	return INBOX_STATUS_PARTITIONS;
-}

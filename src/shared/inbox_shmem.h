@@ -13,6 +13,7 @@
 #include "outbox.h"
 
 #include "nodes/execnodes.h"
+#include "storage/spin.h"
 #include "utils/timestamp.h"
 
 /* what the launcher hands an inbox worker in bgw_extra */
@@ -37,6 +38,55 @@ typedef enum InboxState
 	INBOX_STATE_STALLED,		/* partitions only */
 	INBOX_STATE_WAITING_FOR_TOPIC	/* partition -1 of a topic */
 } InboxState;
+
+/* the area (inbox_shmem.c); the partition pool is inbox_partitions.c's */
+#define INBOX_STATUS_PARTITIONS		512
+#define INBOX_MAX_REQUESTS			16
+
+typedef struct InboxWorkerShared
+{
+	slock_t		mutex;
+	uint32		control_seq;	/* bumped at commit of the SQL API */
+	bool		no_subscriptions;	/* the worker exits: nothing to consume */
+	bool		serving;		/* it found subscriptions (a probe never does) */
+	InboxState	state;
+	int64		applied;		/* since the worker started */
+	int64		dead;
+	int64		errors;
+	TimestampTz last_applied_at;
+	TimestampTz last_error_at;
+	char		last_error[OUTBOX_ERROR_LEN];
+} InboxWorkerShared;
+
+typedef struct InboxPartitionShared
+{
+	slock_t		mutex;
+	int			owner;			/* slot of the worker using it; -1: free */
+	pid_t		pid;
+	Oid			dboid;
+	char		subscription[NAMEDATALEN];
+	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
+	int32		partition;
+	int64		high_watermark; /* -1: not known yet */
+	InboxState	state;
+	TimestampTz last_error_at;
+	TimestampTz last_applied_at;
+	char		last_error[OUTBOX_ERROR_LEN];
+} InboxPartitionShared;
+
+typedef struct InboxShared
+{
+	slock_t		mutex;			/* protects the requests */
+	int			nrequests;
+	bool		requests_overflow;
+	Oid			requests[INBOX_MAX_REQUESTS];
+	int			nworkers;
+	InboxWorkerShared *workers; /* nworkers of them */
+	InboxPartitionShared *partitions;	/* INBOX_STATUS_PARTITIONS */
+} InboxShared;
+
+extern InboxShared *inbox_shared;
+extern int	inbox_my_slot;		/* the calling worker's slot, or -1 */
 
 /* copies for the status readers (inbox_status.c) */
 typedef struct InboxWorkerCopy

@@ -85,9 +85,14 @@ def subscribe(conn, name: str, topics: List[str], handler: Optional[str] = None,
 
 
 def unsubscribe_all(conn):
-    """Drop every subscription of conn's database (as a superuser)."""
+    """Drop every subscription of conn's database (as a superuser), then every object the test
+    roles own there and every privilege granted to them: a dump of the database must not name
+    roles another cluster lacks (test_17 restores one elsewhere)."""
     for (name,) in query(conn, "SELECT name FROM outbox.subscriptions"):
         query(conn, "SELECT outbox.unsubscribe(%s)", (name,))
+    for (role,) in query(conn, "SELECT rolname FROM pg_roles WHERE rolname IN (%s, 'inbox_other')",
+                         (APP_ROLE,)):
+        query(conn, f"DROP OWNED BY {role}")
 
 
 def status(conn, subscription: str) -> List[dict]:

@@ -138,7 +138,8 @@ def test_dump_and_restore_keep_the_inbox_and_a_copy_waits_to_be_adopted(env, tmp
         db = f"it_restored_{uuid.uuid4().hex[:6]}"
         try:
             query(main, f"CREATE DATABASE {db}")
-            setup_app_role(main)
+            if not query(main, "SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)):
+                query(main, f"CREATE ROLE {APP_ROLE} LOGIN")
             subprocess.run([f"{PG_BINDIR}/pg_restore", "-h", "127.0.0.1", "-p", str(env.pg_port), "-U",
                             "postgres", "-d", db, "--exit-on-error", str(dump)], check=True,
                            capture_output=True, timeout=120)
