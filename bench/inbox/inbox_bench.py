@@ -157,7 +157,7 @@ def produce_events(admin):
 def result(name, seconds, cpu, size, extra=""):
     return {"arm": name, "events": EVENTS, "seconds": round(seconds, 1),
             "events_per_s": round(EVENTS / seconds), "cpu_s": round(cpu, 1),
-            "cpu_ms_per_1000": round(cpu * 1000 * 1000 / EVENTS / 1000, 1),
+            "cpu_ms_per_1000": round(cpu * 1e6 / EVENTS, 1),
             "size_mb": round(size / 1048576, 1), "note": extra}
 
 
@@ -311,7 +311,8 @@ def latency(admin):
         if ahead > 0:
             time.sleep(ahead)
     wait(lambda: q(dst, "SELECT count(*) FROM lat_target")[0][0] >= total, 300, "the latency events")
-    ms = sorted(r[0] for r in q(dst, "SELECT extract(epoch FROM applied_at - created_at) * 1000 FROM lat_target"))
+    ms = sorted(float(r[0]) for r in q(dst, "SELECT extract(epoch FROM applied_at - created_at) * 1000"
+                                            " FROM lat_target"))
     src.close()
     dst.close()
     return {"events": total, "rate": RATE, "p50_ms": round(ms[len(ms) // 2], 1),
