@@ -40,12 +40,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "bench" / "load"))
+import common  # noqa: E402  (bench/load/common.py: CpuMeter, loadavg)
+
 EVENTS = int(os.environ.get("BENCH_INBOX_EVENTS", "1000000"))
 PARTITIONS = int(os.environ.get("BENCH_INBOX_PARTITIONS", "12"))
 KEYS = int(os.environ.get("BENCH_INBOX_KEYS", "10000"))
 ARMS = os.environ.get("BENCH_INBOX_ARMS", "inbox,python,jdbc").split(",")
 RATE = int(os.environ.get("BENCH_INBOX_RATE", "500"))
 LAT_SECONDS = int(os.environ.get("BENCH_INBOX_LATENCY_SECONDS", "30"))
+MAX_OTHER_CORES = float(os.environ.get("BENCH_MAX_OTHER_CORES", "0.5"))
+QUIET_WAIT = float(os.environ.get("BENCH_QUIET_WAIT", "60"))
 WORK = Path(os.environ.get("BENCH_WORK_DIR", "/tmp/outbox-bench-work"))
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR", REPO / "bench" / "results"))
 LIBS = os.environ.get("BENCH_INBOX_CONNECT_LIBS", str(WORK / "connect-libs"))
@@ -319,8 +324,30 @@ def latency(admin):
             "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 1), "max_ms": round(ms[-1], 1)}
 
 
+def quiet_check(label):
+    """As bench/load/driver.py does before each measured run: CPU that processes outside the
+    benchmark (not Postgres, not Kafka, not this driver and its children) use for 3 s; waits (at
+    most BENCH_QUIET_WAIT s) while that is above BENCH_MAX_OTHER_CORES.  Returns the figure."""
+    pg_dir = os.environ.get("OUTBOX_PG_DIR", "/tmp/outbox-bench-pg")
+    kafka_dir = os.environ.get("OUTBOX_KAFKA_DIR", "/tmp/outbox-bench-kafka")
+    with open(os.path.join(pg_dir, "data", "postmaster.pid")) as f:
+        pm = int(f.readline())
+    kafka = int(open(os.path.join(kafka_dir, "broker.pid")).read().strip())
+    m = common.CpuMeter(pm, kafka)
+    t0 = time.time()
+    while True:
+        a = m.snap()
+        time.sleep(3)
+        d = m.delta(a, m.snap())
+        if d["other_cores"] <= MAX_OTHER_CORES or time.time() - t0 >= QUIET_WAIT:
+            return d["other_cores"]
+        log(f"machine busy before {label}: other processes use {d['other_cores']:.2f} cores; waiting")
+        time.sleep(10)
+
+
 def main():
     WORK.mkdir(parents=True, exist_ok=True)
+    load_start = common.loadavg()
     admin = connect("postgres")
     q(admin, "DROP DATABASE IF EXISTS bench_src WITH (FORCE)")
     q(admin, "CREATE DATABASE bench_src")
@@ -329,19 +356,28 @@ def main():
     produce_events(admin)
     results = []
     for arm in ARMS:
+        other = quiet_check(arm)
         log(f"arm {arm} ...")
         r = {"inbox": arm_inbox, "python": arm_python, "jdbc": arm_jdbc}[arm](admin)
+        r["other_cores_before"] = other
+        r["load1"] = common.loadavg()[0]
         log(f"arm {arm}: {r}")
         results.append(r)
-    lat = latency(admin) if "inbox" in ARMS and LAT_SECONDS > 0 else None
+    lat = None
+    if "inbox" in ARMS and LAT_SECONDS > 0:
+        other = quiet_check("latency")
+        lat = latency(admin)
+        lat["other_cores_before"] = other
     lines = [f"# Inbox benchmark ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"{EVENTS:,} events produced by the relay, {PARTITIONS} partitions, {KEYS:,} keys,"
-             f" applied to the same table; {os.cpu_count()} cores, load before: {open('/proc/loadavg').read().split()[:3]}.",
-             "", "| arm | events/s | seconds | CPU s | CPU ms per 1,000 events | size after (MB) | note |",
-             "|---|---|---|---|---|---|---|"]
+             f" applied to the same table; {os.cpu_count()} cores, load average at the start: {load_start}.",
+             "", "| arm | events/s | seconds | CPU s | CPU ms per 1,000 events | size after (MB) |"
+             " other cores before | load after | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['arm']} | {r['events_per_s']:,} | {r['seconds']} | {r['cpu_s']} |"
-                     f" {r['cpu_ms_per_1000']} | {r['size_mb']} | {r['note']} |")
+                     f" {r['cpu_ms_per_1000']} | {r['size_mb']} | {r['other_cores_before']} | {r['load1']} |"
+                     f" {r['note']} |")
     by = {r["arm"].split()[0]: r for r in results}
     if "inbox" in by:
         for other in ("hand-written", "Debezium"):
@@ -350,7 +386,7 @@ def main():
     if lat:
         lines.append(f"\nEnd-to-end latency (outbox commit in bench_src -> inbox handler in bench_dst_inbox),"
                      f" {lat['events']} events at {lat['rate']}/s: p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms,"
-                     f" max {lat['max_ms']} ms.")
+                     f" max {lat['max_ms']} ms (other cores before: {lat['other_cores_before']}).")
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "inbox.md").write_text(text)
