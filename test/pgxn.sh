@@ -2,6 +2,7 @@
 # PGXN packaging checks: META.json against the PGXN meta spec, and against the tree.
 #
 # Usage: test/pgxn.sh check
+#        test/pgxn.sh validator     build the validator only (if missing)
 #
 # The validator is pgxn_meta, the PGXN project's own (crates.io, built once with cargo into
 # ${CARGO_HOME:-~/.cargo}/bin; a second run finds it there).  Then: META.json's version is the
@@ -62,5 +63,6 @@ PY
 
 case "${1:-}" in
     check) check ;;
+    validator) validator >/dev/null ;;     # only build the validator (test/run.sh, in the background)
     *) sed -n '2,10p' "$0"; exit 2 ;;
 esac

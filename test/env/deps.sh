@@ -10,7 +10,8 @@ PACKAGES=(
     librdkafka-dev
     postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
     kcat patchelf
-    python3 python3-psycopg2 python3-psycopg python3-confluent-kafka python3-pytest python3-yaml
+    python3 python3-psycopg2 python3-psycopg python3-confluent-kafka python3-pytest python3-pytest-timeout
+    python3-yaml
     openjdk-17-jre-headless maven
 )
 

@@ -28,7 +28,9 @@
 #   OUTBOX_KAFKA_PARTITIONS       4                  num.partitions, and topic-create's default
 #   OUTBOX_KAFKA_HEAP             512m               -Xms/-Xmx of the broker
 #   OUTBOX_KAFKA_FRESH            0                  1: wipe the state dir before `start`
-#   OUTBOX_KAFKA_START_TIMEOUT    60                 seconds to wait for the broker to answer
+#   OUTBOX_KAFKA_START_TIMEOUT    150                seconds to wait for the broker to answer (a JVM start
+#                                                    on a loaded 2-core machine took over 60 s in CI runs
+#                                                    of three stacks; tests allow 180 s for a restart)
 #   OUTBOX_KAFKA_LOG_LEVEL        INFO               root log level of the broker
 #   OUTBOX_KAFKA_NODE_ID          1                  node.id (a node of test/env/kafka-cluster.sh)
 #   OUTBOX_KAFKA_VOTERS           ID@127.0.0.1:CPORT controller.quorum.voters
@@ -66,7 +68,7 @@ NODE_ID="${OUTBOX_KAFKA_NODE_ID:-1}"
 VOTERS="${OUTBOX_KAFKA_VOTERS:-}"
 REPLICATION="${OUTBOX_KAFKA_REPLICATION:-1}"
 MIN_ISR="${OUTBOX_KAFKA_MIN_ISR:-1}"
-START_TIMEOUT="${OUTBOX_KAFKA_START_TIMEOUT:-60}"
+START_TIMEOUT="${OUTBOX_KAFKA_START_TIMEOUT:-150}"
 LOG_LEVEL="${OUTBOX_KAFKA_LOG_LEVEL:-INFO}"
 STOP_TIMEOUT=30
 

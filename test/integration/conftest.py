@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional
 
 import psycopg2
 import pytest
-from confluent_kafka import Consumer, KafkaError, TIMESTAMP_CREATE_TIME
+from confluent_kafka import Consumer, KafkaError, KafkaException, TIMESTAMP_CREATE_TIME, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -337,6 +337,7 @@ class TopicReader:
         self.offsets = set()        # (topic, partition, offset) of every message seen
         self.errors: List[str] = []
         self.assigned = set()
+        self.settle_env = env       # whose relay settle() waits for (issue 28)
         self._lock = threading.Lock()
         self.consumer = Consumer({
             "bootstrap.servers": env.bootstrap,
@@ -387,13 +388,12 @@ class TopicReader:
         wait_until(done, timeout, f"consumer assignment of {want} partitions", interval=0)
 
     def read_until(self, expected: int, timeout: float, extra: float = 3.0) -> List[Received]:
-        """Poll until `expected` messages arrived or timeout, then `extra` more seconds."""
+        """Poll until `expected` messages arrived or timeout, then until the relay has settled
+        and everything the topics hold is read, for at most `extra` more seconds (settle())."""
         deadline = time.monotonic() + timeout
         while self.count() < expected and time.monotonic() < deadline:
             self.poll(0.2)
-        end = time.monotonic() + extra
-        while time.monotonic() < end:
-            self.poll(0.2)
+        settle(self, extra, lambda: self.poll(0.1))
         return self.snapshot()
 
     def snapshot(self) -> List[Received]:
@@ -620,3 +620,134 @@ def order_problems(msgs, expected):
         if got.get(agg_id) != sorted(seqs):
             problems.append(f"{agg_id}: arrived {got.get(agg_id)}, committed {sorted(seqs)}")
     return problems
+
+
+# =========================================================================== issue 28: failure context
+# A failed test says what the server and the relay were doing: the tail of the server log and
+# outbox.status / outbox.cluster_status(), read over a fresh connection with short timeouts (the
+# server may be down, or the test's own connection broken).  Added to the failure's report.
+
+FAILURE_LOG_LINES = 60
+
+
+def _rows_text(cur, sql: str) -> str:
+    cur.execute(sql)
+    cols = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    if not rows:
+        return "  (no rows)"
+    return "\n".join("  " + ", ".join(f"{c}={v!r}" for c, v in zip(cols, r)) for r in rows)
+
+
+def failure_context(env: Env) -> str:
+    """The server log's last lines and the relay's status, as text for a failure report."""
+    parts = []
+    try:
+        with open(env.server_log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()[-FAILURE_LOG_LINES:]
+        parts.append(f"--- {env.server_log}, last {len(lines)} lines\n" + "\n".join(lines))
+    except OSError as e:
+        parts.append(f"--- {env.server_log}: {e}")
+    try:
+        c = psycopg2.connect(host=env.pg_host, port=env.pg_port, user=env.pg_user,
+                             dbname=env.pg_database, connect_timeout=5,
+                             application_name="outbox-integration-failure",
+                             options="-c statement_timeout=5000 -c lock_timeout=2000")
+        c.autocommit = True
+        try:
+            with c.cursor() as cur:
+                for title, sql in (("outbox.status", "SELECT * FROM outbox.status"),
+                                   ("outbox.cluster_status()", "SELECT * FROM outbox.cluster_status()")):
+                    try:
+                        parts.append(f"--- {title}\n" + _rows_text(cur, sql))
+                    except psycopg2.Error as e:
+                        parts.append(f"--- {title}: {str(e).strip()}")
+        finally:
+            c.close()
+    except psycopg2.Error as e:
+        parts.append(f"--- outbox.status: no connection to {env.pg_host}:{env.pg_port}: {str(e).strip()}")
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.failed or getattr(item, "_outbox_context_reported", False):
+        return
+    item._outbox_context_reported = True
+    try:
+        env = getattr(item, "funcargs", {}).get("env") or load_env()
+        text = failure_context(env)
+    except Exception as e:  # noqa: BLE001  never hide the failure itself
+        text = f"(no context: {type(e).__name__}: {e})"
+    rep.sections.append(("outbox: server log tail and relay status", text))
+
+
+def poll_until(pred: Callable[[], object], timeout: float, interval: float = 0.05):
+    """Call pred until it returns something truthy or timeout passed; return its last value.
+    For a wait whose end is not a failure (wait_until's is)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)
+
+
+# Waiting for duplicates and extras.  A reader that has seen what it expected kept reading for a
+# fixed `extra` number of seconds, in case a copy or an unexpected event still came.  Copies come
+# from a relay that sends again what it did not mark published: once the relay of the cluster
+# the events came from (reader.settle_env) has nothing pending (every event it sent is marked),
+# nothing more can come, and what has come is in the topics up to their current end offsets.
+# settle() waits for exactly that, for at most `extra` seconds: a relay that keeps events
+# pending on purpose (paused, held behind a failed one) gets the whole `extra`, as before.
+
+def relay_settled(env: Env) -> bool:
+    """The relays of env's database have no pending event (outbox.status)."""
+    try:
+        c = pg_connect(env)
+        try:
+            rows = relay_status(c)
+        finally:
+            c.close()
+    except psycopg2.Error:
+        return False
+    return bool(rows) and all(r.get("pending") == 0 for r in rows)
+
+
+def caught_up(consumer, partitions) -> bool:
+    """The consumer's position is at the end offset of each (topic, partition) that holds
+    messages (the position passes transaction markers, a last offset seen would not).  False
+    while a broker cannot say (a restarted broker's leaders not elected yet, say)."""
+    try:
+        for topic, part in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=5, cached=False)
+            if high <= low:
+                continue
+            pos = consumer.position([TopicPartition(topic, part)])[0].offset
+            if pos < high:
+                return False
+    except KafkaException:
+        return False
+    return True
+
+
+def settle(reader, extra: float, poll: Callable[[], object]):
+    """Wait until reader.settle_env's relay has settled and reader read every message its topics
+    hold, for at most extra seconds; poll() reads meanwhile (or sleeps, for a reader polled in
+    the background)."""
+    deadline = time.monotonic() + extra
+    settle_env = getattr(reader, "settle_env", None)    # a reader made some other way: the whole extra
+    while time.monotonic() < deadline:
+        if settle_env is not None and relay_settled(settle_env):
+            break
+        poll()
+    else:
+        return
+    partitions = sorted(reader.assigned)
+    while time.monotonic() < deadline and not caught_up(reader.consumer, partitions):
+        poll()
+# =========================================================================== end of issue 28 section

@@ -28,7 +28,7 @@ import psycopg2
 from confluent_kafka import Consumer, TopicPartition
 
 from conftest import (EMIT_SQL, Env, PARTITIONS, pg_connect, pg_sh, query, query_one,
-                      relay_status, wait_until)
+                      relay_status, settle, wait_until)
 
 # what a session sees when the server goes away (crash, restart, shutdown)
 CONNECTION_ERRORS = (psycopg2.OperationalError, psycopg2.InterfaceError)
@@ -203,6 +203,7 @@ class LightReader:
         self.times: List[float] = []    # time.monotonic() each row was read, in rows' order
         self.errors: List[str] = []
         self.assigned = set()
+        self.settle_env = env       # whose relay settle() waits for (conftest.py, issue 28)
         self._ids = collections.Counter()
         self._strings = {}              # one str object per topic and key, not one per message
         self._lock = threading.Lock()
@@ -269,7 +270,9 @@ class LightReader:
             return {i for i in ids if i not in self._ids}
 
     def wait_for(self, ids, timeout: float, extra: float = 3.0) -> Set[str]:
-        """Wait until every id arrived (or timeout), then `extra` more seconds; return the missing."""
+        """Wait until every id arrived (or timeout), then until the relay settled and the topics
+        are read to their end, for at most `extra` more seconds (conftest.settle); return the
+        missing."""
         ids = set(ids)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -277,7 +280,7 @@ class LightReader:
             if not ids:
                 break
             time.sleep(0.2)
-        time.sleep(extra)
+        settle(self, extra, lambda: time.sleep(0.1))
         return self.missing(ids)
 
     def snapshot(self):

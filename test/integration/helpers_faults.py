@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from conftest import (REPO, Env, LogWatcher, Received, TopicReader, emit, java_partition, pg_connect,
-                      query, query_one, relay_status, set_conf, unique_messages, wait_relay_ready,
-                      wait_until)
+                      query, query_one, relay_status, set_conf, settle, unique_messages,
+                      wait_relay_ready, wait_until)
 
 MOCK_DIR = REPO / "test" / "mock"
 sys.path.insert(0, str(MOCK_DIR))
@@ -117,6 +117,7 @@ class AssignedReader(TopicReader):
         self.offsets = set()
         self.errors = []
         self.assigned = set()
+        self.settle_env = env       # whose relay conftest.settle() waits for
         self._lock = threading.Lock()
         self.consumer = Consumer({
             "bootstrap.servers": env.bootstrap,
@@ -298,16 +299,15 @@ def check_delivery(msgs: List[Received], emitted: List[Tuple[str, str, int]],
 
 
 def read_all(reader: TopicReader, emitted, timeout: float = 60, extra: float = 2.0):
-    """Read until every emitted event id was seen (or timeout), then `extra` seconds more."""
+    """Read until every emitted event id was seen (or timeout), then until the relay settled
+    and the topics are read to their end, for at most `extra` seconds (conftest.settle)."""
     want = {e for e, _, _ in emitted}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if want <= {m.event_id for m in reader.snapshot()}:
             break
         reader.poll(0.2)
-    end = time.monotonic() + extra
-    while time.monotonic() < end:
-        reader.poll(0.2)
+    settle(reader, extra, lambda: reader.poll(0.1))
     return reader.snapshot()
 
 

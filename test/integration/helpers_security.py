@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, Optional
 import psycopg2
 
 from conftest import (KAFKA_SH, Env, Received, pg_connect, query, query_one, relay_status,
-                      unique_messages, wait_until)
+                      settle, unique_messages, wait_until)
 
 READY = ("idle", "publishing")
 
@@ -199,17 +199,16 @@ def id_counts(msgs: Iterable[Received]) -> collections.Counter:
 
 def wait_counts(reader, want: Dict[str, int], timeout: float = 60, extra: float = 2.0
                 ) -> collections.Counter:
-    """Poll until every event id in want has at least its count, then `extra` seconds more
-    (so that surplus copies would show); return the counts of all messages read."""
+    """Poll until every event id in want has at least its count, then until the relay settled
+    and the topics are read to their end, for at most `extra` seconds (conftest.settle: surplus
+    copies would show); return the counts of all messages read."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         c = id_counts(reader.snapshot())
         if all(c.get(k, 0) >= v for k, v in want.items()):
             break
         reader.poll(0.2)
-    end = time.monotonic() + extra
-    while time.monotonic() < end:
-        reader.poll(0.2)
+    settle(reader, extra, lambda: reader.poll(0.1))
     return id_counts(reader.snapshot())
 
 

@@ -19,6 +19,12 @@ from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate
 from helpers_security import wait_counts
 
 
+# Observations of "nothing happens" span OBSERVE_POLLS passes of the relay, with outbox.poll_interval
+# set to OBSERVE_POLL_MS for them (at the default, 1 s, they took 3 s each)
+OBSERVE_POLL_MS = 100
+OBSERVE_POLLS = 10
+
+
 def state(conn):
     return relay_status(conn)[0]["state"]
 
@@ -43,12 +49,14 @@ def test_invalid_kafka_property_is_logged_once_and_fixed_by_reload(env, conn, pr
     pid = relay_status(conn)[0]["pid"]
     watcher = LogWatcher(env)
     try:
-        # well-formed, so the reload accepts it; librdkafka refuses the value
-        set_conf(conn, kafka_properties="linger.ms=not-a-number")
+        # well-formed, so the reload accepts it; librdkafka refuses the value.  A short poll
+        # interval makes the relay try again every OBSERVE_POLL_MS: the observation below spans
+        # OBSERVE_POLLS of its passes
+        set_conf(conn, kafka_properties="linger.ms=not-a-number", poll_interval=OBSERVE_POLL_MS)
         wait_until(lambda: state(conn) == "config_error", 20, "state config_error")
         emitted = emit_round_robin(conn, agg_type, 3, 3, "bad")
         conn.autocommit = True
-        time.sleep(3)       # several poll intervals: still one log line, same worker
+        time.sleep(OBSERVE_POLLS * OBSERVE_POLL_MS / 1000)   # passes: still one log line, same worker
         assert pending(conn, agg_type) == len(emitted), "events were published with a refused config"
         st = relay_status(conn)[0]
         assert st["pid"] == pid, "the relay worker restarted (crash loop?)"
@@ -62,7 +70,7 @@ def test_invalid_kafka_property_is_logged_once_and_fixed_by_reload(env, conn, pr
         wait_until(lambda: "unknown librdkafka property \"no.such.property\""
                    in (relay_status(conn)[0]["last_error"] or ""), 20, "the unknown-property error")
     finally:
-        set_conf(conn, kafka_properties=None)
+        set_conf(conn, kafka_properties=None, poll_interval=None)
     wait_until(lambda: state(conn) in ("idle", "publishing"), 20, "the relay to recover")
     deliver_all(reader, emitted)
     assert relay_status(conn)[0]["pid"] == pid
@@ -161,7 +169,8 @@ def test_refused_kafka_properties_at_server_start_stop_the_relay(env, prefix, re
     original = conf.read_text()
     conn = None
     try:
-        conf.write_text(original + "\noutbox.kafka_properties = 'linger.ms=5;sasl.password=S3cret;oops'\n")
+        conf.write_text(original + "\noutbox.kafka_properties = 'linger.ms=5;sasl.password=S3cret;oops'\n"
+                        f"outbox.poll_interval = {OBSERVE_POLL_MS}\n")
         watcher = LogWatcher(env)
         pg_sh(env, "restart")
         conn = wait_until(lambda: pg_connect(env), 30, "a connection after the restart")
@@ -171,7 +180,7 @@ def test_refused_kafka_properties_at_server_start_stop_the_relay(env, prefix, re
         assert "item 3 is not of the form key=value" in st["last_error"], st
         emitted = emit_round_robin(conn, agg_type, 2, 3, "badstart")
         conn.autocommit = True
-        time.sleep(3)
+        time.sleep(OBSERVE_POLLS * OBSERVE_POLL_MS / 1000)   # passes: nothing sent
         assert pending(conn, agg_type) == len(emitted), "published without the configured properties"
         log = "\n".join(watcher.new_lines())
         assert "S3cret" not in log
@@ -227,16 +236,16 @@ def test_empty_bootstrap_servers_idles_then_reload_resumes(env, conn, prefix, re
     reader = reader_factory([topic])
     watcher = LogWatcher(env)
     try:
-        set_conf(conn, bootstrap_servers="")
+        set_conf(conn, bootstrap_servers="", poll_interval=OBSERVE_POLL_MS)
         wait_until(lambda: state(conn) == "not_configured", 20, "state not_configured")
         emitted = emit_round_robin(conn, agg_type, 2, 5, "idle")
         conn.autocommit = True
-        time.sleep(3)
+        time.sleep(OBSERVE_POLLS * OBSERVE_POLL_MS / 1000)   # passes: nothing sent, one log line
         assert pending(conn, agg_type) == len(emitted)
         idle_lines = [ln for ln in watcher.new_lines() if "outbox.bootstrap_servers is empty" in ln]
         assert len(idle_lines) == 1, idle_lines
     finally:
-        set_conf(conn, bootstrap_servers=None)
+        set_conf(conn, bootstrap_servers=None, poll_interval=None)
     deliver_all(reader, emitted)
 
 
@@ -404,7 +413,7 @@ def test_refused_kafka_properties_on_the_command_line_stop_the_relay(env, prefix
     try:
         pg_sh(env, "stop")
         pg_sh(env, "ctl", "start", "-w", "-l", str(Path(env.pg_dir) / "server.log"),
-              "-o", "-c outbox.kafka_properties='security.protocol=ssl;oops'")
+              "-o", f"-c outbox.kafka_properties='security.protocol=ssl;oops' -c outbox.poll_interval={OBSERVE_POLL_MS}")
         conn = wait_until(lambda: pg_connect(env), 30, "a connection after the start")
         st = wait_until(lambda: (lambda r: r[0] if r and r[0]["state"] == "config_error" else None)(
             relay_status(conn)), 30, "state config_error after a start with a refused -c value")
@@ -412,7 +421,7 @@ def test_refused_kafka_properties_on_the_command_line_stop_the_relay(env, prefix
         emitted = emit_round_robin(conn, agg_type, 2, 3, "badargv")
         conn.autocommit = True
         query(conn, "SELECT pg_reload_conf()")      # a reload refuses nothing: still refused
-        time.sleep(3)
+        time.sleep(OBSERVE_POLLS * OBSERVE_POLL_MS / 1000)   # passes: still refused, nothing sent
         assert relay_status(conn)[0]["state"] == "config_error", relay_status(conn)
         assert pending(conn, agg_type) == len(emitted), "published without the given properties"
         set_conf(conn, kafka_properties="linger.ms=3")

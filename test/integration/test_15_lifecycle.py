@@ -16,15 +16,25 @@ from pathlib import Path
 
 from conftest import (LogWatcher, create_topics, emit_round_robin, new_aggregate_type,
                       order_problems, pg_connect, pg_sh, query, query_one, relay_status, report,
-                      topic_prefix, unique_messages, wait_relay_ready, wait_until)
-from helpers_lifecycle import (Emitter, connect_db, count_check, error_lines_of, expected_map,
+                      settle, topic_prefix, unique_messages, wait_relay_ready, wait_until)
+from helpers_lifecycle import (Emitter, connect_db, count_check, db_env, error_lines_of, expected_map,
                                extra_cluster, id_counts, order_violations, relay_exit_lines,
                                relay_pids, relay_state, server_crashes, set_system, timed,
                                topic_message_count)
 
 WAITING_EXT = "waiting for CREATE EXTENSION outbox"
 PROBE_DB = "outbox_probe"
-DROP_DATABASE_LIMIT_S = 5.0      # DROP DATABASE of a tiny, unused database: "a few seconds"
+# DROP DATABASE of a tiny, unused database waits until every process took in its barrier.  A
+# launcher or relay that took it in only when it woke by itself would hold it up to the launcher's
+# nap (LAUNCHER_NAP_MS, 10 s) or a batch's outbox.delivery_timeout (30 s): the limit is the former,
+# not a guess at how fast this machine drops a database.
+DROP_DATABASE_LIMIT_S = 10.0
+# (d)'s backlog drains at most one batch of DRAIN_BATCH per DRAIN_LINGER_MS (librdkafka's
+# linger.ms holds each batch that long), so it lasts at least DRAIN_EVENTS / DRAIN_BATCH *
+# DRAIN_LINGER_MS = 12 s whatever this machine's speed: longer than a DROP DATABASE may take
+DRAIN_EVENTS = 6_000
+DRAIN_BATCH = 100
+DRAIN_LINGER_MS = 200
 QUIET_AFTER_RESTART_S = 12     # < MISSING_DB_OBSERVE_S; covers two worker restart intervals
 MISSING_DB_OBSERVE_S = 20
 MAX_EXITS_WHILE_MISSING = 2      # the first connection attempt fails once (FATAL), then it waits
@@ -73,16 +83,15 @@ def wait_state(probe, state, timeout=30):
 
 
 def read_ids(reader, ids, timeout, extra=2.0):
-    """Poll until every id in ids arrived (or timeout), then `extra` seconds more."""
+    """Poll until every id in ids arrived (or timeout), then until the relay settled and the
+    topic is read to its end, for at most `extra` seconds (conftest.settle)."""
     ids = set(ids)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         reader.poll(0.2)
         if ids <= {m.event_id for m in reader.snapshot()}:
             break
-    end = time.monotonic() + extra
-    while time.monotonic() < end:
-        reader.poll(0.2)
+    settle(reader, extra, lambda: reader.poll(0.1))
     return reader.snapshot()
 
 
@@ -103,6 +112,7 @@ def test_preloaded_before_create_extension_waits_then_publishes(env, reader_fact
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = other      # its events come from that cluster's relay
         t0 = time.time()
         query(c, "CREATE EXTENSION outbox")
         e = pg_connect(other, autocommit=False)
@@ -140,6 +150,7 @@ def test_drop_extension_while_relaying_then_create_again(env, reader_factory):
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = other      # its events come from that cluster's relay
         watcher = LogWatcher(other)
 
         em = Emitter(other, agg_type, 8, "drop")
@@ -256,6 +267,7 @@ def test_database_missing_or_closed_waits_without_crash_loop(env, reader_factory
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = db_env(other, later)   # the relay there serves that database
 
         # the database appears but does not accept connections yet (e.g. while it is restored):
         # the worker can only wait, as for a missing one; it must not restart every few seconds
@@ -343,15 +355,16 @@ def test_drop_other_database_is_not_blocked(env, conn, prefix, reader_factory):
     msgs = read_ids(reader, down, timeout=90, extra=1)
     count_check(id_counts(msgs), down, "events emitted while Kafka was unreachable")
 
-    # a backlog being drained: in batches of 100, so that the drain lasts seconds also for the
-    # snapshot relay (it drained all 60,000 before DROP DATABASE returned at the default 5000)
-    n = 60_000
+    # a backlog being drained, paced so that the drain outlasts the DROP DATABASE on any machine
+    # (60,000 events in batches of 100 once drained before DROP DATABASE returned)
+    n = DRAIN_EVENTS
     try:
         set_system(conn, "outbox.bootstrap_servers", "")
         wait_until(lambda: relay_state(conn) == "not_configured", 20, "state not_configured")
         query(conn, "SELECT count(outbox.emit(%s, (g %% 100)::text, 'it.backlog',"
                     " jsonb_build_object('n', g))) FROM generate_series(1, %s) g", (agg_type, n))
-        set_system(conn, "outbox.batch_size", 100)
+        set_system(conn, "outbox.batch_size", DRAIN_BATCH)
+        set_system(conn, "outbox.kafka_properties", f"linger.ms={DRAIN_LINGER_MS}")
     finally:
         set_system(conn, "outbox.bootstrap_servers", None)
 
@@ -362,10 +375,11 @@ def test_drop_other_database_is_not_blocked(env, conn, prefix, reader_factory):
         wait_until(lambda: relay_state(conn) == "publishing" and pending() < n, 30, "the drain to start")
         drop_s = create_drop("draining a backlog")
         left = pending()
-        assert left > 0, "the backlog was drained before DROP DATABASE returned: make it bigger"
+        assert left > 0, "the backlog was drained before DROP DATABASE returned (linger.ms not applied?)"
         wait_until(lambda: pending() == 0, 120, "the backlog to drain", interval=0.5)
     finally:
         set_system(conn, "outbox.batch_size", None)
+        set_system(conn, "outbox.kafka_properties", None)
     wait_until(lambda: topic_message_count(env, topic) >= n + len(down), 30, "the backlog in Kafka")
     in_kafka = topic_message_count(env, topic)
     assert in_kafka == n + len(down), f"{in_kafka} messages in {topic}, expected {n + len(down)}"

@@ -24,6 +24,7 @@ from helpers_lifecycle import (PG_BINDIR, count_check, error_lines_of, id_counts
 N_AGGREGATES = 6
 PUBLISHED_PER_AGG = 4           # published on the primary before the pause
 PENDING_PER_AGG = 10            # pending when the primary goes away
+STANDBY_POLL_MS = 100          # outbox.poll_interval of the standby
 
 
 def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_factory):
@@ -41,6 +42,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         topic = topic_prefix(pc) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = primary     # its events come from that cluster's relay
 
         pc.autocommit = False
         published = emit_round_robin(pc, agg_type, N_AGGREGATES, PUBLISHED_PER_AGG, "sb")
@@ -59,7 +61,10 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         conf = data / "postgresql.conf"
         conf.write_text(conf.read_text() + "\n# --- standby (test_16) ---\n"
                         f"port = {standby.pg_port}\nunix_socket_directories = '{standby.pg_dir}'\n"
-                        "hot_standby = on\n")
+                        "hot_standby = on\n"
+                        # a relay, if one ran on the standby, would poll this often: the
+                        # observation below spans 10 of its polls in 1 s (3 s at the default)
+                        f"outbox.poll_interval = {STANDBY_POLL_MS}\n")
         assert (data / "standby.signal").exists()
         sb_watcher = LogWatcher(standby)
         pg_sh(standby, "start")
@@ -84,7 +89,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
                                  " FROM outbox.events WHERE aggregate_type = %s", (agg_type,))
         wait_until(lambda: standby_rows() == (len(pending), len(published)), 30,
                    "the pending events to replicate to the standby")
-        time.sleep(3)           # several poll intervals of a relay, if one ran
+        time.sleep(10 * STANDBY_POLL_MS / 1000)     # 10 poll intervals of a relay, if one ran
         assert standby_rows() == (len(pending), len(published))
         assert relay_pids(sc) == [], "a relay worker runs on the hot standby"
         assert relay_status(sc) == [], relay_status(sc)
@@ -102,6 +107,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         assert query_one(sc, "SELECT pg_promote(true, 60)")[0] is True
         promoted_s = time.time() - t0
         st = wait_relay_ready(standby, timeout=60)
+        reader.settle_env = standby     # the promoted standby's relay sends from now on
         expected = {e: (a, s) for e, a, s in published + pending}
         raw = reader.read_until(len(expected), timeout=60, extra=2)
         msgs = unique_messages(raw)
@@ -127,7 +133,7 @@ def test_standby_does_not_relay_and_promotion_publishes_pending(env, reader_fact
         raw = reader.read_until(len(expected) + len(more), timeout=30, extra=1)
         count_check(id_counts(raw), [e for e, _, _ in more], "events emitted after promotion")
         report(f"OUTBOX STANDBY: hot standby ran no relay (no process, empty outbox.status, 0 messages"
-               f" over 3s) with {len(pending)} pending events replicated; pg_promote() returned after"
+               f" over 10 poll intervals of a relay) with {len(pending)} pending events replicated; pg_promote() returned after"
                f" {promoted_s:.2f}s, all {len(pending)} pending events arrived {last_s:.2f}s after the"
                f" promotion started, each once, in order; the {len(published)} published on the old"
                f" primary were not re-sent")

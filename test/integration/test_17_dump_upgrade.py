@@ -57,6 +57,7 @@ def test_dump_restore_keeps_pending_events(env, conn, prefix, reader_factory):
         # meanwhile the source side is prepared
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = target      # the restored events come from that cluster's relay
         conn.autocommit = False
         published = emit_round_robin(conn, agg_type, 5, 4, "d")
         conn.autocommit = True
@@ -289,6 +290,7 @@ def test_data_only_restore_into_a_relayed_database_loses_nothing(env, prefix, re
         query(c, "CREATE DATABASE dataonly_src")
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = other       # its events come from that cluster's relay
         # the source is not relayed: its 5 events stay pending
         s = connect_db(other, "dataonly_src")
         query(s, "CREATE EXTENSION outbox")
@@ -442,6 +444,7 @@ def test_update_while_the_relay_runs(env, reader_factory):
         topic = topic_prefix(c) + agg_type
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = other       # its events come from that cluster's relay
         watcher = LogWatcher(other)
 
         e = pg_connect(other, autocommit=False)

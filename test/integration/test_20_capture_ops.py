@@ -307,11 +307,22 @@ def _pause_resume_race(env, first: str, second: str) -> dict:
         except Exception as e:          # noqa: BLE001  (reported by the caller)
             errors.append(e)
             done.set()
+    watch = pg_connect(env)
     try:
         query(a, f"SELECT outbox.{first}()")
+        b_pid = b.get_backend_pid()
         t = threading.Thread(target=run_b)
         t.start()
-        blocked = not done.wait(1.0)        # B waits for A's row lock
+
+        # B waits for A's row lock: its backend shows a Lock wait while its call has not returned
+        # (a thread merely slow to start would show neither)
+        def b_state():
+            if done.is_set():
+                return "returned"
+            row = query(watch, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (b_pid,))
+            return "waits for a lock" if row and row[0][0] == "Lock" else None
+        blocked = wait_until(b_state, 30, f"outbox.{second}() to return or wait for a lock") \
+            == "waits for a lock" and not done.is_set()
         a.commit()
         t.join(10)
         assert not errors, errors
@@ -319,6 +330,7 @@ def _pause_resume_race(env, first: str, second: str) -> dict:
         a.commit()
         return dict(blocked=blocked, paused=row[0])
     finally:
+        watch.close()
         a.close()
         b.close()
 

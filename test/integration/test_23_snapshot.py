@@ -311,7 +311,11 @@ def flushed_index_reads(env) -> dict:
     return index_reads(env)
 
 
-def test_long_open_transaction(env, conn, prefix, reader_factory, snapshot_mode):
+def test_long_open_transaction(env, conn, prefix, reader_factory, snapshot_mode, keep_published):
+    # keep_published: the retention reads the oldest 10,000 published entries of events_pkey
+    # each second once the bulk below is older than outbox.retention (a minute): on a slow
+    # machine that happened during the rounds, 40,000 reads a round that are not the relay's
+    # publishing (both full majors failed so in a CI run with three stacks side by side)
     agg_type = new_aggregate_type("snaplong")
     topic = prefix + agg_type
     create_topics(env, [topic])
@@ -324,9 +328,15 @@ def test_long_open_transaction(env, conn, prefix, reader_factory, snapshot_mode)
     wait_pending_zero(conn, 120)
     query(conn, "ANALYZE outbox.events")
     idle0 = flushed_index_reads(env)
+    t_idle0 = time.monotonic()
     time.sleep(3)
     before = flushed_index_reads(env)
-    idle_rate = sum(before.values()) - sum(idle0.values())     # per 5.5 s with nothing to send
+    t_before = time.monotonic()
+    # the idle relay's polls read index entries too, per second with nothing to send: a round's
+    # reads less these per second of the round are what the round's events cost, however long a
+    # loaded machine makes the round last
+    idle_per_s = (sum(before.values()) - sum(idle0.values())) / (t_before - t_idle0)
+    idle_rate = round(idle_per_s * 5.5)                          # per 5.5 s, as reported before
 
     long_conn = pg_connect(env, autocommit=False)
     with long_conn.cursor() as cur:
@@ -352,7 +362,7 @@ def test_long_open_transaction(env, conn, prefix, reader_factory, snapshot_mode)
         finally:
             c.close()
     out = []
-    rounds = []                 # (reads by index, tuples per event) of each round
+    rounds = []                 # (reads by index, tuples per event, less the idle polls') of each round
     halt = consume_in_background(reader)
     try:
         for rnd in range(LONG_ROUNDS):
@@ -379,10 +389,13 @@ def test_long_open_transaction(env, conn, prefix, reader_factory, snapshot_mode)
             assert query_one(conn, "SELECT pg_xact_status(%s::xid8)", (long_xid,))[0] == "in progress"
             assert long_event not in id_counts(reader.snapshot())
             after = flushed_index_reads(env)
+            t_after = time.monotonic()
             assert query_one(conn, "SELECT pg_xact_status(%s::xid8)", (long_xid,))[0] == "in progress"
             reads = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-            rounds.append((reads, sum(reads.values()) / LONG_EVENTS))
-            before = after
+            total = sum(reads.values())
+            net = max(0.0, total - idle_per_s * (t_after - t_before))
+            rounds.append((reads, total / LONG_EVENTS, net / LONG_EVENTS))
+            before, t_before = after, t_after
 
         long_conn.commit()
         long_conn.close()
@@ -400,13 +413,14 @@ def test_long_open_transaction(env, conn, prefix, reader_factory, snapshot_mode)
     probs = order_violations(raw, expected)
     assert not probs, "per-aggregate order broken:\n  " + "\n  ".join(probs[:10])
     per_round = "; ".join(f"round {n + 1}: {sum(r.values())} ({', '.join(f'{k} {v}' for k, v in sorted(r.items()))})"
-                          f" = {pe:.2f} per event" for n, (r, pe) in enumerate(rounds))
+                          f" = {pe:.2f} per event, {ne:.2f} less the idle polls'"
+                          for n, (r, pe, ne) in enumerate(rounds))
     report(f"OUTBOX SNAPSHOT LONG TRANSACTION: {LONG_ROUNDS} x {LONG_EVENTS} events from {LONG_THREADS}"
            f" sessions all arrived within {arrived_after:.1f}s while a transaction with an event stayed"
            f" open ({held_open:.1f}s in all); index reads {per_round} (limit {MAX_INDEX_TUPLES_PER_EVENT}"
            f" per event in the better round; idle: {idle_rate} in 5.5s); the long event arrived once"
            f" after its commit")
-    best = min(pe for _, pe in rounds)
+    best = min(ne for _, _, ne in rounds)
     assert best < MAX_INDEX_TUPLES_PER_EVENT, \
         f"the relay read {best:.1f} index tuples per published event in its better round: {per_round}"
 
@@ -736,6 +750,7 @@ def test_restore_into_another_cluster(env, conn, prefix, reader_factory, snapsho
     with extra_cluster(env, "snaprestore", 28, database=RESTORE_DB) as target:
         create_topics(env, [topic])
         reader = reader_factory([topic])
+        reader.settle_env = target      # the restored events come from that cluster's relay
         conn.autocommit = False
         published = emit_round_robin(conn, agg_type, 4, 3, "s")
         conn.autocommit = True

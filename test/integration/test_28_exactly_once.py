@@ -25,8 +25,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, pg_sh, query,
-                      query_one, relay_status, report, set_conf, topic_prefix, wait_relay_ready,
+from conftest import (LogWatcher, create_topics, new_aggregate_type, pg_connect, pg_sh, poll_until,
+                      query, query_one, relay_status, report, set_conf, topic_prefix, wait_relay_ready,
                       wait_until)
 from helpers_crash import (EmitLoad, LightReader, assert_delivered, delivery_check, kill9,
                            pid_alive, postmaster_pid, sort_unknown,
@@ -42,15 +42,19 @@ def transactional_id(conn) -> str:
 
 
 def probe(env, conn, topic: str, what: str, timeout: float = 60):
-    """Emit probe events until one arrives on topic (read_committed)."""
+    """Emit probe events until one of them arrives on topic (read_committed).  Only this call's
+    own events count: the reader starts at the topic's earliest offset, and the topic may hold
+    earlier probes or the test's events, which prove nothing about the relay now."""
     agg = new_aggregate_type("probe")
     reader = LightReader(env, [topic])
+    mine = set()
     try:
         deadline = time.monotonic() + timeout
-        while not reader.received_ids():
+        while not mine & reader.received_ids():
             assert time.monotonic() < deadline, f"no probe event arrived within {timeout}s ({what})"
-            query(conn, "SELECT outbox.emit(%s, 'p', 'probe', '{}', NULL, %s)", (agg, topic))
-            time.sleep(0.5)
+            mine.add(str(query_one(conn, "SELECT outbox.emit(%s, 'p', 'probe', '{}', NULL, %s)",
+                                   (agg, topic))[0]))
+            poll_until(lambda: mine & reader.received_ids(), 0.5)
     finally:
         reader.close()
 
