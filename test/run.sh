@@ -102,7 +102,8 @@ STACKS="${OUTBOX_CI_STACKS:-3}"
 # launcher (relays for several databases), the consumers' formats read by Java clients,
 # exactly-once delivery (test_28; on 16 through the row relay), key-partitioned relays (test_29),
 # a 3-broker Kafka cluster (test_27, on the majors in OUTBOX_KAFKA3_MAJORS only: its three JVMs
-# cost about a minute and a half).
+# cost about a minute and a half), the inbox (test_31_inbox: subscribe, apply, offsets; its
+# registration->mail run under kill -9; its standby, promotion and dump/restore).
 # SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only, as do the
 # tests marked full_only (slow checks of nothing that differs between majors; pytest.ini).
 CORE_TESTS=(
@@ -110,6 +111,7 @@ CORE_TESTS=(
     test_16_standby.py test_17_dump_upgrade.py test_21_security.py
     test_23_snapshot.py test_24_vacuum.py test_25_launcher.py test_26_formats.py
     test_27_replicated.py test_28_exactly_once.py test_29_partitioned.py
+    test_31_inbox.py test_31_inbox_crash.py test_31_inbox_lifecycle.py
 )
 
 PY=/usr/bin/python3     # Debian's interpreter: it has psycopg2 and confluent_kafka
