@@ -24,7 +24,9 @@
 #   BENCH_SECTIONS          1,2a,2b,2c,3,5,6,7 which sections to run (2a includes section 4; 6 is
 #                                     bench/databases.sh: one backlog over 1, 2, 4 databases; 7 is
 #                                     bench/load/delivery.py: exactly_once beside at_least_once,
-#                                     drain and latency, BENCH_EOS_EVENTS 500000, BENCH_EOS_RATES 500,100)
+#                                     drain and latency, BENCH_EOS_EVENTS 500000, BENCH_EOS_RATES 500,100;
+#                                     8 is bench/inbox/run.sh: the inbox against a hand-written consumer
+#                                     and Debezium's JDBC sink, BENCH_INBOX_EVENTS 1000000; not in the default)
 #   BENCH_DB_EVENTS         1000000   section 6: backlog size; BENCH_DB_CASES "1,2,4" databases
 #   BENCH_STEADY_EVENTS     5000000   section 5: events emitted at a steady rate, relay publishing
 #   BENCH_STEADY_RATE       20000     section 5: events per second (BENCH_STEADY_BATCH per commit)
@@ -144,6 +146,7 @@ t0=$SECONDS
 # driver.py runs sections 1-5 and writes latest.md; sections 6 and 7 are scripts of their own
 DRIVER_SECTIONS=${SECTIONS//,6,/,}
 DRIVER_SECTIONS=${DRIVER_SECTIONS//,7,/,}
+DRIVER_SECTIONS=${DRIVER_SECTIONS//,8,/,}
 if [[ "$DRIVER_SECTIONS" != "," ]]; then
     BENCH_SECTIONS="${DRIVER_SECTIONS:1:-1}" "$PY" "$BENCH_DIR/load/driver.py"
 fi
@@ -152,5 +155,8 @@ if [[ "$SECTIONS" == *",6,"* ]]; then
 fi
 if [[ "$SECTIONS" == *",7,"* ]]; then
     "$PY" "$BENCH_DIR/load/delivery.py"
+fi
+if [[ "$SECTIONS" == *",8,"* ]]; then
+    "$BENCH_DIR/inbox/run.sh"
 fi
 log "finished in $((SECONDS - t0)) s; results in ${BENCH_RESULTS_DIR:-bench/results}/latest.md, latest.json, databases.md and delivery.md"

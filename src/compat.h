@@ -80,6 +80,8 @@
 	object_ownercheck(DatabaseRelationId, (dboid), (roleid))
 #define outbox_namespace_aclcheck(nspoid, roleid, mode) \
 	object_aclcheck(NamespaceRelationId, (nspoid), (roleid), (mode))
+#define outbox_proc_aclcheck(procoid, roleid, mode) \
+	object_aclcheck(ProcedureRelationId, (procoid), (roleid), (mode))
 #define outbox_extension_ownercheck(extoid, roleid) \
 	object_ownercheck(ExtensionRelationId, (extoid), (roleid))
 #else
@@ -87,8 +89,50 @@
 	pg_database_ownercheck((dboid), (roleid))
 #define outbox_namespace_aclcheck(nspoid, roleid, mode) \
 	pg_namespace_aclcheck((nspoid), (roleid), (mode))
+#define outbox_proc_aclcheck(procoid, roleid, mode) \
+	pg_proc_aclcheck((procoid), (roleid), (mode))
 #define outbox_extension_ownercheck(extoid, roleid) \
 	pg_extension_ownercheck((extoid), (roleid))
+#endif
+
+/*
+ * PostgreSQL 16 added soft errors: an input function can refuse a value
+ * without raising ERROR (DirectInputFunctionCallSafe).  The inbox reads a
+ * Kafka value as jsonb when it is JSON and keeps the bytes otherwise
+ * (src/inbox/inbox_event.c).  On 15, the value is first checked by the JSON
+ * lexer, which returns its verdict (escapes decoded, so \u0000 is refused
+ * as jsonb would); jsonb_in then only fails on what the lexer cannot see, a
+ * number beyond numeric's range, as an ERROR.
+ */
+#include "fmgr.h"
+#include "utils/fmgrprotos.h"
+#if PG_VERSION_NUM >= 160000
+#include "nodes/miscnodes.h"
+static inline bool
+outbox_jsonb_in_safe(char *str, size_t len, Datum *result)
+{
+	ErrorSaveContext escontext;
+
+	(void) len;
+	memset(&escontext, 0, sizeof(escontext));
+	escontext.type = T_ErrorSaveContext;
+	return DirectInputFunctionCallSafe(jsonb_in, str, InvalidOid, -1,
+									   (Node *) &escontext, result);
+}
+#else
+#include "common/jsonapi.h"
+#include "mb/pg_wchar.h"
+static inline bool
+outbox_jsonb_in_safe(char *str, size_t len, Datum *result)
+{
+	JsonLexContext *lex = makeJsonLexContextCstringLen(str, (int) len,
+													   GetDatabaseEncoding(), true);
+
+	if (pg_parse_json(lex, &nullSemAction) != JSON_SUCCESS)
+		return false;
+	*result = DirectFunctionCall1(jsonb_in, CStringGetDatum(str));
+	return true;
+}
 #endif
 
 #endif							/* OUTBOX_COMPAT_H */

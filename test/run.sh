@@ -103,7 +103,9 @@ STACKS="${OUTBOX_CI_STACKS:-3}"
 # exactly-once delivery (test_28; on 16 through the row relay), key-partitioned relays (test_29),
 # a 3-broker Kafka cluster (test_27, on the majors in OUTBOX_KAFKA3_MAJORS only: its three JVMs
 # cost about a minute and a half), commits that land in a batch's windows between its snapshot and
-# its reads (test_35: per-aggregate order across the two kinds of tracking).
+# its reads (test_35: per-aggregate order across the two kinds of tracking), the inbox
+# (test_31_inbox: subscribe, apply, offsets; its registration->mail run under kill -9; its
+# standby, promotion and dump/restore).
 # SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only, as do the
 # tests marked full_only (slow checks of nothing that differs between majors; pytest.ini).
 CORE_TESTS=(
@@ -112,6 +114,7 @@ CORE_TESTS=(
     test_23_snapshot.py test_24_vacuum.py test_25_launcher.py test_26_formats.py
     test_27_replicated.py test_28_exactly_once.py test_29_partitioned.py
     test_35_batch_windows.py
+    test_31_inbox.py test_31_inbox_crash.py test_31_inbox_lifecycle.py
 )
 
 PY=/usr/bin/python3     # Debian's interpreter: it has psycopg2 and confluent_kafka

@@ -21,6 +21,7 @@
 #include "config/guc_refusal.h"
 #include "config/kafka_config.h"
 #include "config/topic.h"
+#include "config/inbox_guc.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -91,8 +92,6 @@ static bool check_message_format(char **newval, void **extra, GucSource source);
 static void assign_message_format(const char *newval, void *extra);
 static bool check_ce_source(char **newval, void **extra, GucSource source);
 static void assign_ce_source(const char *newval, void *extra);
-static bool check_bootstrap_servers(char **newval, void **extra,
-									GucSource source);
 static void assign_kafka_properties(const char *newval, void *extra);
 static bool check_allowed_topics(char **newval, void **extra,
 								 GucSource source);
@@ -159,7 +158,7 @@ outbox_define_gucs(void)
 							   "",
 							   PGC_SIGHUP,
 							   0,
-							   check_bootstrap_servers, NULL, NULL);
+							   outbox_check_bootstrap_servers, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.topic_prefix",
 							   "Prefix of routed topic names: topic = prefix || aggregate_type.",
@@ -339,6 +338,9 @@ outbox_define_gucs(void)
 							   0,
 							   NULL, NULL, NULL);
 
+	/* the inbox's outbox.inbox_* settings (src/inbox/inbox_guc.c) */
+	outbox_inbox_define_gucs();
+
 	MarkGUCPrefixReserved("outbox");
 }
 
@@ -476,8 +478,8 @@ bootstrap_port_is_valid(const char *item)
  * 65535 (librdkafka would read "kafka:notaport" as port 0 and only fail
  * to connect).  Which hosts the items name is librdkafka's business.
  */
-static bool
-check_bootstrap_servers(char **newval, void **extra, GucSource source)
+bool
+outbox_check_bootstrap_servers(char **newval, void **extra, GucSource source)
 {
 	List	   *items;
 	ListCell   *lc;

@@ -57,5 +57,7 @@ extern char *outbox_tracestate;			/* W3C tracestate; '' = none */
 #define OUTBOX_FORMAT_CLOUDEVENTS	1	/* CloudEvents binary mode, ce_* */
 
 extern void outbox_define_gucs(void);
+extern bool outbox_check_bootstrap_servers(char **newval, void **extra,
+										   GucSource source);
 
 #endif							/* OUTBOX_GUC_H */

@@ -40,6 +40,7 @@ static Refusal refusals[OUTBOX_NUM_REFUSABLE] = {
 	[OUTBOX_REFUSABLE_KAFKA_PROPERTIES] = {"outbox.kafka_properties"},
 	[OUTBOX_REFUSABLE_MESSAGE_FORMAT] = {"outbox.message_format"},
 	[OUTBOX_REFUSABLE_CE_SOURCE] = {"outbox.ce_source"},
+	[OUTBOX_REFUSABLE_INBOX_KAFKA_PROPERTIES] = {"outbox.inbox_kafka_properties"},
 };
 
 /*
@@ -87,11 +88,26 @@ outbox_config_refusal(void)
 {
 	int			i;
 
-	for (i = 0; i < OUTBOX_NUM_REFUSABLE; i++)
+	for (i = 0; i < OUTBOX_NUM_RELAY_REFUSABLE; i++)
 		if (refusals[i].why[0] != '\0')
 			return psprintf("%s in the configuration file was refused when the server started (%s); the relay publishes nothing without the settings it was given",
 							refusals[i].name, refusals[i].why);
 	return NULL;
+}
+
+/*
+ * outbox_refusal_of
+ *		The standing refusal of one setting as a sentence (see
+ *		outbox_config_refusal), palloc'd; NULL if it stands not.  The inbox
+ *		asks for its own settings this way.
+ */
+char *
+outbox_refusal_of(OutboxRefusable setting)
+{
+	if (refusals[setting].why[0] == '\0')
+		return NULL;
+	return psprintf("%s in the configuration file was refused when the server started (%s); the inbox consumes nothing without the settings it was given",
+					refusals[setting].name, refusals[setting].why);
 }
 
 /*

@@ -171,6 +171,24 @@ outbox_trim_whitespace(char *s)
 bool
 outbox_check_kafka_properties(char **newval, void **extra, GucSource source)
 {
+	return outbox_check_properties_setting(newval, extra, source,
+										   reserved_kafka_properties, "the relay",
+										   "outbox.kafka_properties",
+										   OUTBOX_REFUSABLE_KAFKA_PROPERTIES);
+}
+
+/*
+ * outbox_check_properties_setting
+ *		The check hook of a setting of librdkafka properties (name, e.g.
+ *		"outbox.kafka_properties"), as outbox_check_kafka_properties
+ *		describes, with its own list of reserved keys (NULL-terminated; who
+ *		sets them, for the message) and the refusal it notes (guc_refusal.c).
+ */
+bool
+outbox_check_properties_setting(char **newval, void **extra, GucSource source,
+								const char *const *reserved, const char *who,
+								const char *name, OutboxRefusable refusable)
+{
 	OutboxKafkaProperty *props;
 	int			nprops;
 	char	   *error = NULL;
@@ -179,12 +197,12 @@ outbox_check_kafka_properties(char **newval, void **extra, GucSource source)
 	char	   *real;
 	int			i;
 
-	if (!outbox_parse_kafka_properties(*newval, &props, &nprops, &error))
+	if (!outbox_parse_properties(*newval, reserved, who, &props, &nprops, &error))
 	{
 		/* replaces core's message, which would quote the whole value */
-		GUC_check_errmsg("invalid value for parameter \"outbox.kafka_properties\"");
-		GUC_check_errdetail("outbox.kafka_properties: %s.", error);
-		outbox_note_refusal(OUTBOX_REFUSABLE_KAFKA_PROPERTIES, source, error);
+		GUC_check_errmsg("invalid value for parameter \"%s\"", name);
+		GUC_check_errdetail("%s: %s.", name, error);
+		outbox_note_refusal(refusable, source, error);
 		return false;
 	}
 
@@ -287,21 +305,23 @@ outbox_append_kafka_escaped(StringInfo buf, const char *s)
 }
 
 /*
- * False with *error set (palloc'd) if key is reserved or forbidden.
+ * False with *error set (palloc'd) if key is reserved (in reserved, which
+ * who sets) or forbidden.
  */
 static bool
-key_allowed(const char *key, char **error)
+key_allowed(const char *key, const char *const *reserved, const char *who,
+			char **error)
 {
 	/* librdkafka also takes topic properties as "topic.<name>" */
 	const char *bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
 	int			i;
 
-	for (i = 0; reserved_kafka_properties[i] != NULL; i++)
+	for (i = 0; reserved[i] != NULL; i++)
 	{
-		if (pg_strcasecmp(key, reserved_kafka_properties[i]) == 0 ||
-			pg_strcasecmp(bare, reserved_kafka_properties[i]) == 0)
+		if (pg_strcasecmp(key, reserved[i]) == 0 ||
+			pg_strcasecmp(bare, reserved[i]) == 0)
 		{
-			*error = psprintf("property \"%s\" is set by the relay itself and cannot be overridden", key);
+			*error = psprintf("property \"%s\" is set by %s itself and cannot be overridden", key, who);
 			return false;
 		}
 	}
@@ -337,6 +357,21 @@ key_allowed(const char *key, char **error)
 bool
 outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
 							  int *nprops, char **error)
+{
+	return outbox_parse_properties(text, reserved_kafka_properties, "the relay",
+								   props, nprops, error);
+}
+
+/*
+ * outbox_parse_properties
+ *		outbox_parse_kafka_properties with another list of reserved keys
+ *		(NULL-terminated), set by who ("the relay", "the inbox").  The
+ *		forbidden keys are the same for every setting.
+ */
+bool
+outbox_parse_properties(const char *text, const char *const *reserved,
+						const char *who, OutboxKafkaProperty **props,
+						int *nprops, char **error)
 {
 	char	   *cursor = pstrdup(text ? text : "");
 	int			n = 0;
@@ -376,7 +411,7 @@ outbox_parse_kafka_properties(const char *text, OutboxKafkaProperty **props,
 			*error = psprintf("item %d has an empty key", position);
 			return false;
 		}
-		if (!key_allowed(key, error))
+		if (!key_allowed(key, reserved, who, error))
 			return false;
 		if (n == cap)
 		{

@@ -11,6 +11,8 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "config/guc_refusal.h"
+
 #include "lib/stringinfo.h"
 #include "utils/guc.h"
 
@@ -28,6 +30,17 @@ extern bool outbox_parse_kafka_properties(const char *text,
 										  OutboxKafkaProperty **props,
 										  int *nprops,
 										  char **error);
+extern bool outbox_parse_properties(const char *text,
+									const char *const *reserved,
+									const char *who,
+									OutboxKafkaProperty **props,
+									int *nprops, char **error);
+extern bool outbox_check_properties_setting(char **newval, void **extra,
+											GucSource source,
+											const char *const *reserved,
+											const char *who,
+											const char *name,
+											OutboxRefusable refusable);
 extern bool outbox_kafka_property_is_secret(const char *key);
 extern void outbox_kafka_scrub_secrets(char *text, size_t size,
 									   const char *properties);

@@ -31,7 +31,7 @@ emit_log_hook_type outbox_prev_emit_log_hook = NULL;
 ProcessUtility_hook_type outbox_prev_process_utility_hook = NULL;
 
 static bool mentions_kafka_properties(const char *s);
-static char *masked_statement(const char *queryString,
+static char *masked_statement(const char *queryString, const char *name,
 							  const PlannedStmt *pstmt);
 static bool library_is(const char *name, const char *library);
 
@@ -99,10 +99,10 @@ outbox_emit_log_hook(ErrorData *edata)
  * them, and trims the blanks).
  */
 static char *
-masked_statement(const char *queryString, const PlannedStmt *pstmt)
+masked_statement(const char *queryString, const char *name,
+				 const PlannedStmt *pstmt)
 {
-	static const char replacement[] =
-		"ALTER SYSTEM SET outbox.kafka_properties = '(not shown)'";
+	char	   *replacement = psprintf("ALTER SYSTEM SET %s = '(not shown)'", name);
 	size_t		len = strlen(queryString);
 	size_t		start = pstmt->stmt_location >= 0 ? pstmt->stmt_location : 0;
 	size_t		end = pstmt->stmt_location >= 0 && pstmt->stmt_len > 0 ?
@@ -114,7 +114,7 @@ masked_statement(const char *queryString, const PlannedStmt *pstmt)
 	if (end > len || pstmt->stmt_location < 0)
 		end = len;
 	memset(masked + start, ' ', end - start);
-	memcpy(masked + start, replacement, Min(end - start, sizeof(replacement) - 1));
+	memcpy(masked + start, replacement, Min(end - start, strlen(replacement)));
 	return masked;
 }
 
@@ -144,7 +144,8 @@ outbox_process_utility(PlannedStmt *pstmt, const char *queryString,
 		((AlterSystemStmt *) stmt)->setstmt->kind == VAR_SET_VALUE &&
 		mentions_kafka_properties(((AlterSystemStmt *) stmt)->setstmt->name))
 	{
-		queryString = masked_statement(queryString, pstmt);
+		queryString = masked_statement(queryString,
+									   ((AlterSystemStmt *) stmt)->setstmt->name, pstmt);
 		pgstat_report_activity(STATE_RUNNING, queryString);
 	}
 

@@ -144,7 +144,7 @@ launcher_shutdown(int code, Datum arg)
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
 	{
-		if (launcher_relays_running(db) > 0)
+		if (launcher_relays_running(db) > 0 || inbox_launcher_running(db))
 			launcher_stop_relays(db);
 		launcher_free_idle_slots(db, 0);
 	}
@@ -174,6 +174,7 @@ launcher_pass(void)
 	LauncherDb *first_waits = NULL;
 
 	take_events();
+	inbox_launcher_take_requests(databases);
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
 		launcher_reap_relays(db, now);
@@ -185,7 +186,7 @@ launcher_pass(void)
 	{
 		if (db->wanted && !(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
 			continue;
-		if (launcher_relays_running(db) > 0)
+		if (launcher_relays_running(db) > 0 || inbox_launcher_running(db))
 			launcher_stop_relays(db);
 		else
 		{
@@ -241,6 +242,8 @@ launcher_pass(void)
 	if (first_waits != NULL)
 		launcher_give_up_relay(first_waits, covered, databases, now);
 	report_unserved(unserved, nunserved);
+	/* inbox workers after every database's relays (launcher_inbox.c) */
+	inbox_launcher_serve_all(covered, nunserved == 0, now, &nap);
 	return nap;
 }
 

@@ -14,6 +14,7 @@
 #include "datatype/timestamp.h"
 #include "postmaster/bgworker.h"
 #include "utils/hsearch.h"
+#include "launcher/launcher_inbox.h"
 
 /* '*': a database without the extension is probed again after this long */
 #define ABSENT_REPROBE_MS			(5 * 60 * 1000)
@@ -56,6 +57,7 @@ typedef struct LauncherDb
 	bool		new_generation; /* its generation began in this pass */
 	bool		start_rest;		/* this pass may start its relays after the first */
 	LauncherRelay relays[OUTBOX_MAX_WORKERS_PER_DATABASE];
+	LauncherInbox inbox;		/* its inbox worker (src/inbox) */
 } LauncherDb;
 
 extern bool launcher_wants_relays(LauncherDb *db, bool all, TimestampTz now);

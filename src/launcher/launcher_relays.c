@@ -98,6 +98,7 @@ launcher_allot_slots(List *covered, bool all, TimestampTz now)
 		LauncherDb *db = lfirst(lc);
 
 		db->allotted = 0;
+		db->inbox.allotted = false;
 		if (db->wanted && launcher_wants_relays(db, all, now) &&
 			!(OidIsValid(db->dboid) && outbox_database_blocked(db->dboid)))
 			eligible = lappend(eligible, db);
@@ -123,6 +124,8 @@ launcher_allot_slots(List *covered, bool all, TimestampTz now)
 			budget--;
 		}
 	}
+	/* inbox workers that run or were asked for (launcher_inbox.c) */
+	budget -= inbox_launcher_allot(eligible, budget, true, now);
 	/* then the rest of each database's k, in order */
 	foreach(lc, eligible)
 	{
@@ -135,6 +138,8 @@ launcher_allot_slots(List *covered, bool all, TimestampTz now)
 		db->allotted += more;
 		budget -= more;
 	}
+	/* last, inbox workers that only look for subscriptions */
+	budget -= inbox_launcher_allot(eligible, budget, false, now);
 	list_free(eligible);
 }
 
@@ -219,6 +224,7 @@ launcher_init_relays(LauncherDb *db)
 
 	for (j = 0; j < OUTBOX_MAX_WORKERS_PER_DATABASE; j++)
 		db->relays[j].slot = -1;
+	inbox_launcher_init(db);
 }
 
 /*
@@ -373,6 +379,7 @@ launcher_reap_relays(LauncherDb *db, TimestampTz now)
 	for (j = 0; j < OUTBOX_MAX_WORKERS_PER_DATABASE; j++)
 		if (db->relays[j].handle != NULL)
 			reap_relay(db, j, now);
+	inbox_launcher_reap(db, now);
 }
 
 /*
@@ -397,6 +404,7 @@ launcher_stop_relays(LauncherDb *db)
 		r->stopping = true;
 		r->retiring = false;
 	}
+	inbox_launcher_stop(db);
 }
 
 /*

@@ -20,6 +20,7 @@
 #include "config/dblist.h"
 #include "config/guc.h"
 #include "shared/partition.h"
+#include "shared/inbox_shmem.h"
 
 #include <signal.h>
 
@@ -63,6 +64,7 @@ outbox_shmem_request(void)
 	if (outbox_prev_shmem_request_hook)
 		outbox_prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(shared_size()));
+	RequestAddinShmemSpace(MAXALIGN(outbox_inbox_shmem_size()));
 }
 
 /*
@@ -92,6 +94,7 @@ outbox_shmem_startup(void)
 		for (i = 0; i < outbox_max_workers; i++)
 			SpinLockInit(&outbox_shared->slots[i].mutex);
 	}
+	outbox_inbox_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -190,7 +193,7 @@ overlapping_relay_runs(void)
 		if (s == outbox_my_slot)
 			continue;
 		SpinLockAcquire(&s->mutex);
-		overlaps = s->worker_latch != NULL && s->worker_pid != MyProcPid &&
+		overlaps = !s->inbox && s->worker_latch != NULL && s->worker_pid != MyProcPid &&
 			s->database_oid == MyDatabaseId &&
 			(s->nworkers != outbox_relay_nworkers || s->worker == outbox_relay_worker);
 		SpinLockRelease(&s->mutex);
@@ -269,7 +272,7 @@ outbox_wake_worker(bool control)
 		Latch	   *latch = NULL;
 
 		/* unlocked peek: a slot of another database is not ours to lock */
-		if (s->database_oid != MyDatabaseId)
+		if (s->database_oid != MyDatabaseId || s->inbox)
 			continue;
 		SpinLockAcquire(&s->mutex);
 		if (s->database_oid == MyDatabaseId)
@@ -432,6 +435,7 @@ outbox_slot_take(Oid dboid, const char *name)
 		if (!s->in_use && s->worker_pid == 0)
 		{
 			s->in_use = true;
+			s->inbox = false;
 			s->database_oid = dboid;
 			s->worker = s->nworkers = 0;
 			strlcpy(s->database_name, name, NAMEDATALEN);

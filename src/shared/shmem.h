@@ -47,6 +47,7 @@ typedef struct OutboxRelaySlot
 
 	/* set by the launcher */
 	bool		in_use;			/* assigned to a database */
+	bool		inbox;			/* an inbox worker's (src/inbox), not a relay's */
 	Oid			database_oid;	/* database served; InvalidOid if unknown */
 	char		database_name[NAMEDATALEN];
 

@@ -18,6 +18,7 @@
 #include "config/guc.h"
 #include "shared/partition.h"
 #include "shared/shmem.h"
+#include "shared/inbox_shmem.h"
 
 #include "fmgr.h"
 #include "funcapi.h"
@@ -296,7 +297,8 @@ relay_row(int n, StatusRow *row)
 	SpinLockRelease(&outbox_shared->slots[n].mutex);
 	row->kind = "relay";
 	row->state = state_name(row->slot.state);
-	return row->slot.worker_pid != 0;
+	/* an inbox worker's slot shows in cluster_status() as kind inbox */
+	return row->slot.worker_pid != 0 && !row->slot.inbox;
 }
 
 /*
@@ -590,5 +592,6 @@ outbox_cluster_status(PG_FUNCTION_ARGS)
 	row.state = row.slot.worker_pid != 0 ? "running" : "not_running";
 	put_row(rsinfo, &row);
 	put_relay_rows(rsinfo, true);
+	outbox_inbox_cluster_rows(rsinfo);
 	return (Datum) 0;
 }

@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(162);
+SELECT plan(174);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -195,7 +195,10 @@ SELECT ok(NOT has_function_privilege('public', 'outbox.uuidv7()', 'EXECUTE'),
           'PUBLIC may not execute outbox.uuidv7()');
 SELECT isnt(obj_description('outbox.uuidv7()'::regprocedure, 'pg_proc'), NULL, 'outbox.uuidv7 has a comment');
 SELECT functions_are('outbox', ARRAY['emit', 'emit_bytes', 'worker_status', 'worker_buckets', 'cluster_status', 'retry_failed', 'capture', 'pause',
-                                     'resume', 'replay', 'purge', 'published', 'uuidv7'],
+                                     'resume', 'replay', 'purge', 'published',
+                                     'subscribe', 'unsubscribe', 'pause_subscription', 'resume_subscription',
+                                     'inbox_seek', 'inbox_retry', 'inbox_take', 'inbox_worker_partitions',
+                                     'uuidv7'],
                      'schema outbox has exactly the documented functions');
 SELECT function_returns('outbox', 'capture', ARRAY[]::text[], 'trigger', 'outbox.capture() is a trigger function');
 SELECT function_returns('outbox', 'pause', ARRAY[]::text[], 'void', 'outbox.pause() returns void');
@@ -229,14 +232,19 @@ SELECT ok(coalesce(btrim(obj_description('outbox.retry_failed()'::regprocedure, 
 -- pg_dump keeps the events and the id sequence (pg_extension_config_dump)
 SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
              FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
-          ARRAY['outbox.events', 'outbox.events_id_seq', 'outbox.relay_progress'],
-          'outbox.events, its id sequence and the relay progress are configuration tables (dumped by pg_dump)');
+          ARRAY['outbox.events', 'outbox.events_id_seq', 'outbox.inbox', 'outbox.inbox_dead',
+                'outbox.inbox_dead_id_seq', 'outbox.inbox_id_seq', 'outbox.inbox_offsets',
+                'outbox.inbox_seen_0', 'outbox.inbox_seen_1',
+                'outbox.relay_progress', 'outbox.subscriptions'],
+          'outbox.events, its id sequence, the relay progress and the inbox''s tables are configuration tables (dumped by pg_dump)');
 
 -- view outbox.status
 SELECT has_view('outbox', 'status', 'view outbox.status exists');
-SELECT views_are('outbox', ARRAY['status'], 'schema outbox has exactly the view status');
-SELECT tables_are('outbox', ARRAY['events', 'relay', 'relay_progress'],
-                  'schema outbox has exactly the tables events, relay and relay_progress');
+SELECT views_are('outbox', ARRAY['status', 'inbox_status'], 'schema outbox has exactly the views status and inbox_status');
+SELECT tables_are('outbox', ARRAY['events', 'relay', 'relay_progress', 'subscriptions', 'inbox_offsets',
+                                  'inbox_seen', 'inbox_seen_0', 'inbox_seen_1', 'inbox_seen_window',
+                                  'inbox', 'inbox_dead'],
+                  'schema outbox has exactly the tables events, relay, relay_progress and the inbox''s');
 SELECT columns_are('outbox', 'relay_progress', ARRAY['system_identifier', 'snapshot', 'id_floor',
                    'batch_snapshot', 'batch_id_floor', 'batch_last_id'],
                    'outbox.relay_progress has exactly the expected columns');
@@ -341,6 +349,45 @@ SELECT throws_ok($$ INSERT INTO outbox.events (event_id, aggregate_type, aggrega
                  '23505', NULL, 'a duplicate event_id is rejected');
 SELECT throws_ok($$ INSERT INTO outbox.events (aggregate_type, aggregate_id) VALUES ('t', '3') $$,
                  '23502', NULL, 'event_type is required');
+
+-- the inbox (1.8): the handler's type, every table, column, type attribute and view commented
+SELECT has_type('outbox', 'inbox_event', 'type outbox.inbox_event exists');
+SELECT is(ARRAY(SELECT a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod)
+                  FROM pg_attribute a WHERE a.attrelid = 'outbox.inbox_event'::regclass AND a.attnum > 0
+                 ORDER BY a.attnum),
+          ARRAY['subscription text', 'topic text', 'kafka_partition integer', 'kafka_offset bigint',
+                'key text', 'event_id uuid', 'event_type text', 'aggregate_type text', 'headers jsonb',
+                'payload jsonb', 'payload_bytes bytea', 'kafka_timestamp timestamp with time zone'],
+          'outbox.inbox_event has the fields of the contract, in order');
+SELECT ok(coalesce(btrim(obj_description('outbox.inbox_event'::regtype, 'pg_type')), '') <> '',
+          'type outbox.inbox_event has a comment');
+SELECT is_empty($$
+    SELECT c.relname FROM pg_class c
+     WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'S')
+       AND c.relname ~ '^(inbox|subscriptions)'
+       AND coalesce(btrim(obj_description(c.oid, 'pg_class')), '') = ''
+$$, 'every table, sequence and view of the inbox has a comment');
+SELECT is_empty($$
+    SELECT c.relname || '.' || a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+     WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p')
+       AND c.relname IN ('subscriptions', 'inbox_offsets', 'inbox_seen', 'inbox_seen_window', 'inbox', 'inbox_dead')
+       AND a.attnum > 0 AND NOT a.attisdropped
+       AND coalesce(btrim(col_description(c.oid, a.attnum)), '') = ''
+$$, 'every column of the inbox''s tables has a comment');
+SELECT is((SELECT reloptions FROM pg_class WHERE oid = 'outbox.inbox_offsets'::regclass),
+          ARRAY['fillfactor=50'], 'outbox.inbox_offsets leaves room for HOT updates of its offsets');
+SELECT is((SELECT relkind FROM pg_class WHERE oid = 'outbox.inbox_seen'::regclass), 'p'::"char",
+          'outbox.inbox_seen is partitioned (two slots dropped whole, never row by row)');
+SELECT is((SELECT count(*)::int FROM outbox.inbox_seen_window), 1, 'outbox.inbox_seen_window has one row');
+SELECT matches(obj_description('outbox.subscribe(text, text[], regprocedure, text, boolean, text)'::regprocedure, 'pg_proc'),
+               '22023.*42710.*42P13.*42501', 'outbox.subscribe comment documents its SQLSTATEs');
+SELECT is(pg_get_function_arguments('outbox.subscribe(text, text[], regprocedure, text, boolean, text)'::regprocedure),
+          'name text, topics text[], handler regprocedure DEFAULT NULL::regprocedure, on_failed_event text DEFAULT ''hold''::text, dedupe boolean DEFAULT true, start_from text DEFAULT ''earliest''::text',
+          'outbox.subscribe arguments and defaults');
+SELECT is(pg_get_function_arguments('outbox.inbox_take(text, integer)'::regprocedure),
+          'subscription text, max integer DEFAULT 100', 'outbox.inbox_take arguments, max defaults to 100');
+SELECT function_returns('outbox', 'inbox_take', ARRAY['text', 'integer'], 'setof outbox.inbox',
+                        'outbox.inbox_take returns SETOF outbox.inbox');
 
 SELECT * FROM finish();
 ROLLBACK;

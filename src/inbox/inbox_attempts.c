@@ -1,0 +1,222 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_attempts.c
+ *	  Records that may crash the inbox worker: applied alone after a crash,
+ *	  and dead-lettered after outbox.inbox_max_attempts crashes, so that a
+ *	  handler that kills its process (a bug in C code, the OOM killer) costs
+ *	  a bounded number of restarts instead of a crash loop.
+ *
+ * A handler's ERROR rolls a batch back and the worker goes on (inbox_apply.c);
+ * a crash ends the process, with the batch's transaction, and the next
+ * worker would run the same batch again and crash again.  So:
+ *	- Before each handler call the worker writes which record it is about
+ *	  to apply (subscription, topic, partition, offset) over the first line
+ *	  of a small file in the data directory, and marks the line done when
+ *	  the call returns.  Two writes of a few bytes, no fsync: the file only
+ *	  has to outlive the process, not the machine.
+ *	- A worker that starts and finds a record there knows its predecessor
+ *	  ended inside that handler call.  It applies that record alone, after
+ *	  committing an attempt mark on the partition's offsets row
+ *	  (attempt_offset, attempts); the apply transaction clears the mark
+ *	  with the offset (inbox_offsets.c).
+ *	- A record whose mark shows that workers ended inside it
+ *	  outbox.inbox_max_attempts times (the first, unmarked, included)
+ *	  becomes a dead letter without another call.
+ * Only the record a worker ended in pays for this; batches run as one
+ * transaction.  Any end of the process inside a handler call counts (a
+ * kill -9 of the server too): the worst case is one record applied alone,
+ * or, after as many ends inside that same record as
+ * outbox.inbox_max_attempts, a dead letter that outbox.inbox_retry() brings
+ * back.  Queue mode calls no handler and writes nothing here.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "inbox/inbox.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "common/file_perm.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+
+/* the record the previous worker ended in, if it ended in a handler call */
+static bool have_careful = false;
+static char careful_subscription[NAMEDATALEN];
+static char careful_topic[OUTBOX_TOPIC_MAX_LEN + 1];
+static int32 careful_partition;
+static int64 careful_offset;
+
+static int	file = -1;
+static char path[MAXPGPATH];
+
+/*
+ * inbox_attempts_begin
+ *		At the worker's start: read the record the previous worker of
+ *		database dboid was in a handler call for when it ended, if any, and
+ *		open the file for this worker's calls.  A file that cannot be opened
+ *		is logged; the worker then runs without this guard.
+ */
+void
+inbox_attempts_begin(Oid dboid)
+{
+	FILE	   *f;
+	char		line[1024] = "";
+
+	snprintf(path, sizeof(path), "%s/outbox_inbox_%u.inflight", DataDir, dboid);
+	f = fopen(path, "r");
+	if (f != NULL)
+	{
+		if (fgets(line, sizeof(line), f) != NULL && line[0] != '#' && line[0] != '\0')
+		{
+			char	   *fields[4];
+			char	   *save = NULL;
+			char	   *tok;
+			int			n = 0;
+
+			for (tok = strtok_r(line, "\t\n", &save); tok != NULL && n < 4;
+				 tok = strtok_r(NULL, "\t\n", &save))
+				fields[n++] = tok;
+			if (n == 4)
+			{
+				strlcpy(careful_subscription, fields[0], sizeof(careful_subscription));
+				strlcpy(careful_topic, fields[1], sizeof(careful_topic));
+				careful_partition = (int32) strtol(fields[2], NULL, 10);
+				careful_offset = strtoll(fields[3], NULL, 10);
+				have_careful = true;
+			}
+		}
+		fclose(f);
+	}
+	if (have_careful)
+		ereport(LOG,
+				(errmsg("outbox inbox: the previous worker of this database ended in the handler of subscription \"%s\" at topic \"%s\", partition %d, offset %lld; that record is applied alone",
+						careful_subscription, careful_topic, careful_partition,
+						(long long) careful_offset)));
+	file = open(path, O_RDWR | O_CREAT | PG_BINARY, pg_file_create_mode);
+	if (file < 0)
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("outbox inbox: could not open \"%s\": %m", path)));
+	else
+		inbox_attempts_called();
+}
+
+/*
+ * inbox_attempts_careful
+ *		Must the record at offset of sub's partition part be applied alone,
+ *		with an attempt mark?
+ */
+bool
+inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
+					   int64 offset)
+{
+	return have_careful && offset == careful_offset &&
+		part->partition == careful_partition &&
+		strcmp(sub->name, careful_subscription) == 0 &&
+		strcmp(part->topic, careful_topic) == 0;
+}
+
+/*
+ * inbox_attempts_calling
+ *		Write down that the handler of subscription is called for ev now
+ *		(see the file header).  A failed write is ignored: the file only
+ *		bounds crash loops.
+ */
+void
+inbox_attempts_calling(const char *subscription, const InboxEvent *ev)
+{
+	char		line[NAMEDATALEN + OUTBOX_TOPIC_MAX_LEN + 64];
+	int			len;
+
+	if (file < 0)
+		return;
+	len = snprintf(line, sizeof(line), "%s\t%s\t%d\t%lld\n", subscription, ev->topic,
+				   ev->partition, (long long) ev->offset);
+	if (pwrite(file, line, Min(len, (int) sizeof(line) - 1), 0) < 0)
+		return;
+}
+
+/*
+ * inbox_attempts_called
+ *		The handler call returned (or raised an error the worker caught):
+ *		mark the line done.
+ */
+void
+inbox_attempts_called(void)
+{
+	if (file >= 0 && pwrite(file, "#", 1, 0) < 0)
+		return;
+}
+
+/*
+ * inbox_attempts_end_batch
+ *		A batch of sub is settled: once sub's partition passed the record the
+ *		previous worker ended in, it needs no care any more.
+ */
+void
+inbox_attempts_end_batch(InboxSubscription *sub)
+{
+	int			i;
+
+	if (!have_careful || strcmp(sub->name, careful_subscription) != 0)
+		return;
+	for (i = 0; i < sub->npartitions; i++)
+		if (sub->partitions[i].partition == careful_partition &&
+			strcmp(sub->partitions[i].topic, careful_topic) == 0 &&
+			sub->partitions[i].next_offset > careful_offset)
+			have_careful = false;
+}
+
+/*
+ * inbox_attempts_mark
+ *		Commit, in a transaction of its own, that the worker starts to apply
+ *		the record at offset of sub's partition part; returns how many
+ *		workers ended inside it so far (the one that made it careful
+ *		included).  Raises ERROR when the offset moved meanwhile.
+ */
+int
+inbox_attempts_mark(InboxSubscription *sub, InboxPartition *part, int64 offset)
+{
+	Datum		values[5];
+	int			ret;
+	bool		isnull;
+	int			ends;
+
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	values[0] = CStringGetTextDatum(sub->name);
+	values[1] = CStringGetTextDatum(part->topic);
+	values[2] = Int32GetDatum(part->partition);
+	values[3] = Int64GetDatum(part->next_offset);
+	values[4] = Int64GetDatum(offset);
+	ret = SPI_execute_with_args("UPDATE outbox.inbox_offsets AS o"
+								"   SET attempts = CASE WHEN o.attempt_offset = $5 THEN o.attempts + 1 ELSE 1 END,"
+								"       attempt_offset = $5"
+								" WHERE o.subscription = $1 AND o.topic = $2 AND o.kafka_partition = $3"
+								"   AND o.next_offset = $4"
+								" RETURNING o.attempts",
+								5, (Oid[]) {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID},
+								values, NULL, false, 0);
+	if (ret != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox inbox: marking an attempt failed: %s", SPI_result_code_string(ret));
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the offset of subscription \"%s\", topic \"%s\", partition %d moved",
+						sub->name, part->topic, part->partition)));
+	/* this start's mark; each earlier one ended in a crash, as did the batch */
+	ends = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	return ends;
+}

@@ -1,0 +1,354 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_subscribe.c
+ *	  outbox.subscribe() and outbox.unsubscribe(), and the access rules the
+ *	  whole SQL API of the inbox shares.
+ *
+ * These functions are not SECURITY DEFINER: the role that calls
+ * subscribe() (current_user, after any SET ROLE) becomes the subscription's
+ * owner, and its handler runs as that role.  They check what the caller may
+ * do here, then write the extension's tables as the extension's owner
+ * (inbox_switch_to_owner), as pg_net does: the caller needs no right on the
+ * tables.  Managing a subscription (unsubscribe, pause, resume, seek, retry,
+ * take) needs the privileges of its owner role (membership), as ALTER and
+ * DROP of an object would.  EXECUTE on every function is revoked from
+ * PUBLIC; a DBA grants it.
+ *
+ * Changes take effect when the caller's transaction commits: the inbox
+ * worker of the database is woken then (outbox_inbox_wake_at_commit), or
+ * the launcher starts one.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "inbox/inbox.h"
+#include "config/topic.h"
+
+#include "access/htup_details.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/regproc.h"
+#include "utils/syscache.h"
+
+PG_FUNCTION_INFO_V1(outbox_subscribe);
+PG_FUNCTION_INFO_V1(outbox_unsubscribe);
+
+static void check_name(const char *name);
+static Datum check_topics(ArrayType *topics);
+static void check_handler(Oid handler);
+
+/*
+ * inbox_switch_to_owner
+ *		Become the extension's owner to write its tables (see the file
+ *		header); inbox_switch_back() undoes it.  An error in between is
+ *		undone by the transaction's abort.
+ */
+void
+inbox_switch_to_owner(Oid *save_userid, int *save_sec)
+{
+	Oid			ext = get_extension_oid(OUTBOX_EXTENSION_NAME, false);
+	HeapTuple	tuple;
+	Oid			owner;
+
+	tuple = SearchSysCacheCopy1(EXTENSIONOID, ObjectIdGetDatum(ext));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for extension %u", ext);
+	owner = ((Form_pg_extension) GETSTRUCT(tuple))->extowner;
+	heap_freetuple(tuple);
+	GetUserIdAndSecContext(save_userid, save_sec);
+	SetUserIdAndSecContext(owner, *save_sec | SECURITY_LOCAL_USERID_CHANGE);
+}
+
+void
+inbox_switch_back(Oid save_userid, int save_sec)
+{
+	SetUserIdAndSecContext(save_userid, save_sec);
+}
+
+/*
+ * inbox_check_manage
+ *		ERROR unless subscription name exists (42704) and caller has the
+ *		privileges of its owner (42501); returns the owner.  The row stays
+ *		locked to the end of the transaction: FOR UPDATE when drop, else
+ *		FOR KEY SHARE.  Call with SPI connected, as the extension's owner,
+ *		passing the caller's role.
+ */
+Oid
+inbox_check_manage(const char *name, Oid caller, bool drop)
+{
+	Datum		values[1];
+	int			ret;
+	bool		isnull;
+	Oid			owner;
+
+	/*
+	 * FOR KEY SHARE keeps the subscription from being dropped meanwhile
+	 * without keeping the worker or another session waiting; a drop locks
+	 * it for itself.
+	 */
+	values[0] = CStringGetTextDatum(name);
+	ret = SPI_execute_with_args(drop ?
+								"SELECT owner::pg_catalog.oid FROM outbox.subscriptions WHERE name = $1 FOR UPDATE" :
+								"SELECT owner::pg_catalog.oid FROM outbox.subscriptions WHERE name = $1 FOR KEY SHARE",
+								1, (Oid[]) {TEXTOID}, values, NULL, false, 1);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "outbox: reading the subscriptions failed: %s", SPI_result_code_string(ret));
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("subscription \"%s\" does not exist", name),
+				 errhint("SELECT name FROM outbox.subscriptions lists them.")));
+	owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (!has_privs_of_role(caller, owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("must be a member of role \"%s\" to manage subscription \"%s\"",
+						GetUserNameFromId(owner, true) ? GetUserNameFromId(owner, true) : "?",
+						name)));
+	return owner;
+}
+
+/* a subscription name: 1 to 63 bytes */
+static void
+check_name(const char *name)
+{
+	size_t		len = strlen(name);
+
+	if (len == 0 || len > INBOX_NAME_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a subscription name has 1 to %d bytes", INBOX_NAME_MAX),
+				 errdetail("\"%s\" has %zu.", name, len)));
+}
+
+/*
+ * The topics: a one-dimensional array of legal, distinct topic names, none
+ * of Kafka's internal ones.  Returns the array as a Datum.
+ */
+static Datum
+check_topics(ArrayType *topics)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			i;
+	int			j;
+
+	if (ARR_NDIM(topics) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("topics must be a one-dimensional array")));
+	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+	if (n == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a subscription needs at least one topic")));
+	for (i = 0; i < n; i++)
+	{
+		char	   *topic;
+
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("topics must not contain NULL")));
+		topic = TextDatumGetCString(elems[i]);
+		if (!outbox_topic_is_legal(topic, strlen(topic)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("\"%s\" is not a legal Kafka topic name", topic),
+					 errdetail("A topic name has 1 to %d ASCII letters, digits, '.', '_' and '-', and is not \".\" or \"..\"; topics are exact names, not patterns.",
+							   OUTBOX_TOPIC_MAX_LEN)));
+		if (outbox_topic_is_internal(topic))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("\"%s\" is one of Kafka's internal topics", topic)));
+		for (j = 0; j < i; j++)
+			if (strcmp(topic, TextDatumGetCString(elems[j])) == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("topic \"%s\" is named twice", topic)));
+	}
+	return PointerGetDatum(topics);
+}
+
+/*
+ * The handler: a plain function (not a procedure, not returning a set) of
+ * exactly one outbox.inbox_event argument (42P13), which the caller may
+ * execute (42501).
+ */
+static void
+check_handler(Oid handler)
+{
+	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(handler));
+	Form_pg_proc proc;
+	bool		fits;
+
+	if (!HeapTupleIsValid(tuple))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("function with OID %u does not exist", handler)));
+	proc = (Form_pg_proc) GETSTRUCT(tuple);
+	fits = proc->prokind == PROKIND_FUNCTION && !proc->proretset &&
+		proc->pronargs == 1 && proc->proargtypes.values[0] == inbox_event_type_oid();
+	ReleaseSysCache(tuple);
+	if (!fits)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+				 errmsg("%s cannot be an inbox handler", format_procedure(handler)),
+				 errdetail("A handler is a function of one argument of type outbox.inbox_event that returns no set."),
+				 errhint("CREATE FUNCTION h(e outbox.inbox_event) RETURNS void ...")));
+	if (outbox_proc_aclcheck(handler, GetUserId(), ACL_EXECUTE) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for function %s", format_procedure(handler)),
+				 errdetail("The handler runs as the role that subscribes, which needs EXECUTE on it.")));
+}
+
+/*
+ * outbox_subscribe
+ *		SQL: outbox.subscribe(name text, topics text[], handler regprocedure
+ *		DEFAULT NULL, on_failed_event text DEFAULT 'hold', dedupe boolean
+ *		DEFAULT true, start_from text DEFAULT 'earliest') RETURNS void.
+ *
+ * Records the subscription, owned by the current user, for the inbox worker
+ * to start at commit.  Errors: 22023 (and 22004, 22007) for a bad name,
+ * topics, option or start_from; 42P13 for a handler of the wrong shape;
+ * 42501 without EXECUTE on the handler or for a superuser while
+ * outbox.inbox_superuser_subscriptions is off; 42710 if the name is taken.
+ */
+Datum
+outbox_subscribe(PG_FUNCTION_ARGS)
+{
+	Oid			caller = GetUserId();
+	char	   *name;
+	char	   *on_failed;
+	char	   *start_from;
+	Datum		values[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			save_userid;
+	int			save_sec;
+	int			ret;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3) || PG_ARGISNULL(4) || PG_ARGISNULL(5))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("only the handler of outbox.subscribe() may be NULL")));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	check_name(name);
+	values[0] = CStringGetTextDatum(name);
+	values[1] = check_topics(PG_GETARG_ARRAYTYPE_P(1));
+	if (PG_ARGISNULL(2))
+		nulls[2] = 'n';
+	else
+	{
+		check_handler(PG_GETARG_OID(2));
+		values[2] = CStringGetTextDatum(format_procedure_qualified(PG_GETARG_OID(2)));
+	}
+	on_failed = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	if (strcmp(on_failed, "hold") != 0 && strcmp(on_failed, "skip") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("on_failed_event must be hold or skip, not \"%s\"", on_failed)));
+	values[3] = CStringGetTextDatum(on_failed);
+	values[4] = PG_GETARG_DATUM(4);
+	start_from = text_to_cstring(PG_GETARG_TEXT_PP(5));
+	values[5] = CStringGetTextDatum(start_from);
+	values[6] = ObjectIdGetDatum(caller);
+	if (superuser_arg(caller) && !outbox_inbox_superuser_subscriptions)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("a superuser may not subscribe: its handler would run as a superuser"),
+				 errhint("Subscribe as a role that is no superuser (SET ROLE), or set outbox.inbox_superuser_subscriptions = on.")));
+
+	inbox_switch_to_owner(&save_userid, &save_sec);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	ret = SPI_execute_with_args("INSERT INTO outbox.subscriptions (name, owner, topics, handler,"
+								" on_failed_event, dedupe, start_from, system_identifier, database_oid,"
+								" database_name)"
+								" SELECT $1, $7::pg_catalog.regrole, $2, $3, $4, $5,"
+								"        CASE WHEN $6 IN ('earliest', 'latest') THEN $6"
+								"             ELSE pg_catalog.to_char($6::timestamptz AT TIME ZONE 'UTC',"
+								"                                     'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') END,"
+								"        c.system_identifier, d.oid, d.datname"
+								"   FROM pg_catalog.pg_control_system() AS c, pg_catalog.pg_database AS d"
+								"  WHERE d.datname = pg_catalog.current_database()"
+								" ON CONFLICT (name) DO NOTHING",
+								7, (Oid[]) {TEXTOID, TEXTARRAYOID, TEXTOID, TEXTOID, BOOLOID, TEXTOID, OIDOID},
+								values, nulls, false, 0);
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "outbox: recording the subscription failed: %s", SPI_result_code_string(ret));
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("subscription \"%s\" already exists", name),
+				 errhint("Choose another name, or outbox.unsubscribe('%s') first.", name)));
+	SPI_finish();
+	inbox_switch_back(save_userid, save_sec);
+	outbox_inbox_wake_at_commit();
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_unsubscribe
+ *		SQL: outbox.unsubscribe(name text) RETURNS void.
+ *
+ * Drops the subscription with its offsets, seen ids, queued events and
+ * dead letters; a WARNING says how many queued events and dead letters
+ * went with it.  The caller needs the owner's privileges (42501); 42704 if
+ * there is no such subscription.
+ */
+Datum
+outbox_unsubscribe(PG_FUNCTION_ARGS)
+{
+	Oid			caller = GetUserId();
+	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	Datum		values[1];
+	/*
+	 * The subscription's row first: the worker holds it FOR KEY SHARE while
+	 * it writes anything of the subscription, so once this DELETE has it,
+	 * what the worker wrote is committed and seen by the DELETEs after it.
+	 */
+	static const char *const deletes[] = {
+		"DELETE FROM outbox.subscriptions WHERE name = $1",
+		"DELETE FROM outbox.inbox WHERE subscription = $1",
+		"DELETE FROM outbox.inbox_dead WHERE subscription = $1",
+		"DELETE FROM outbox.inbox_offsets WHERE subscription = $1",
+		"DELETE FROM outbox.inbox_seen WHERE subscription = $1",
+	};
+	uint64		counts[lengthof(deletes)];
+	Oid			save_userid;
+	int			save_sec;
+	int			i;
+
+	inbox_switch_to_owner(&save_userid, &save_sec);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	(void) inbox_check_manage(name, caller, true);
+	values[0] = CStringGetTextDatum(name);
+	for (i = 0; i < (int) lengthof(deletes); i++)
+	{
+		int			ret = SPI_execute_with_args(deletes[i], 1, (Oid[]) {TEXTOID},
+												values, NULL, false, 0);
+
+		if (ret != SPI_OK_DELETE)
+			elog(ERROR, "outbox: \"%s\" failed: %s", deletes[i], SPI_result_code_string(ret));
+		counts[i] = SPI_processed;
+	}
+	SPI_finish();
+	inbox_switch_back(save_userid, save_sec);
+	if (counts[1] > 0 || counts[2] > 0)
+		ereport(WARNING,
+				(errmsg("subscription \"%s\" dropped with %llu queued events and %llu dead letters",
+						name, (unsigned long long) counts[1], (unsigned long long) counts[2])));
+	outbox_inbox_wake_at_commit();
+	PG_RETURN_VOID();
+}
