@@ -49,6 +49,8 @@ struct InboxConsumer
 	/* written by the callbacks, on the worker's thread */
 	bool		brokers_down;
 	char		error[OUTBOX_ERROR_LEN];
+	bool		error_unscrubbed;	/* error_cb wrote error: scrub it in this
+									 * process before anyone reads it */
 	int			nlogs;
 	char		logs[CONSUMER_LOG_LINES][256];
 };
@@ -139,6 +141,7 @@ inbox_consumer_create(InboxSubscription *sub, int wakeup_fd, char **error)
 	{
 		rd_kafka_conf_destroy(conf);
 		pfree(c);
+		outbox_kafka_scrub_secrets(errstr, sizeof(errstr), outbox_inbox_kafka_properties);
 		*error = psprintf("could not create the Kafka consumer: %s", errstr);
 		return NULL;
 	}
@@ -342,8 +345,15 @@ serve_main_queue(InboxConsumer *c)
 	int			i;
 
 	rd_kafka_poll(c->rk, 0);
+	/* librdkafka may quote a property's value: never a secret's (as the relay) */
+	if (c->error_unscrubbed)
+		outbox_kafka_scrub_secrets(c->error, sizeof(c->error), c->properties);
+	c->error_unscrubbed = false;
 	for (i = 0; i < c->nlogs; i++)
+	{
+		outbox_kafka_scrub_secrets(c->logs[i], sizeof(c->logs[i]), c->properties);
 		ereport(LOG, (errmsg("outbox inbox: librdkafka: %s", c->logs[i])));
+	}
 	c->nlogs = 0;
 }
 
@@ -529,6 +539,7 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	InboxConsumer *c = (InboxConsumer *) opaque;
 
 	snprintf(c->error, sizeof(c->error), "%s", reason);
+	c->error_unscrubbed = true;
 	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
 		c->brokers_down = true;
 }
