@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The quick-start demo: install what is needed, build and install the extension, start a local
 # Kafka broker and a local Postgres cluster, run a sample order workload (orders + order lines +
-# outbox.emit() in the same transactions, some rolled back), and show the events arriving in Kafka.
+# outbox.emit() in the same transactions, some rolled back), and show the events arriving in Kafka;
+# then the inbox: user registrations emitted to Kafka and consumed back, one welcome mail each.
 #
 # Usage: test/demo.sh                      run the demo; the servers keep running afterwards
 #        OUTBOX_PG_MAJOR=17 test/demo.sh   the same on PostgreSQL 17 (15, 16, 17 or 18; default 15);
@@ -36,10 +37,10 @@ SUDO=()
 [[ $(id -u) -eq 0 ]] || SUDO=(sudo)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "1/6 packages"
+step "1/7 packages"
 test/env/deps.sh
 
-step "2/6 build and install the extension into PostgreSQL $MAJOR"
+step "2/7 build and install the extension into PostgreSQL $MAJOR"
 # 15 is Debian's; 16 to 18 are fetched once from PyPI (test/env/pgmajor.sh)
 BINDIR=$(test/env/pgmajor.sh "$MAJOR") || exit 1
 PATH="$BINDIR:$PATH"
@@ -48,12 +49,12 @@ make -s clean
 make -s
 "${SUDO[@]}" env PATH="$PATH" make -s install
 
-step "3/6 start Kafka (KRaft, single node) and Postgres (shared_preload_libraries = 'outbox')"
+step "3/7 start Kafka (KRaft, single node) and Postgres (shared_preload_libraries = 'outbox')"
 test/env/kafka.sh start
 test/env/kafka.sh topic-create outbox.event.order 4 >/dev/null
 test/env/pg.sh start
 
-step "4/6 schema: the extension and a small order model"
+step "4/7 schema: the extension and a small order model"
 psql -X -q -v ON_ERROR_STOP=1 <<'SQL'
 CREATE EXTENSION IF NOT EXISTS outbox;
 -- a cluster left by an earlier demo may hold an older version (quietly: a fresh one is current)
@@ -100,7 +101,7 @@ COMMIT;
 \endif
 SQL
 
-step "5/6 workload: 4 sessions, 10 s of orders (10% rolled back)"
+step "5/7 workload: 4 sessions, 10 s of orders (10% rolled back)"
 # count by id, not by rows: the retention deletes rows published by an earlier run meanwhile
 before=$(psql -X -tAc "SELECT coalesce(max(id), 0) FROM outbox.events")
 pgbench -n -c 4 -j 2 -T 10 -f /tmp/outbox-demo-order.sql -P 2 2>&1 | grep -E 'progress|tps|transactions actually' || true
@@ -108,7 +109,7 @@ sleep 1
 committed=$(psql -X -tAc "SELECT count(*) FROM outbox.events WHERE id > $before")
 echo "committed orders with an event in this run: $committed"
 
-step "6/6 what arrived in Kafka (topic outbox.event.order)"
+step "6/7 what arrived in Kafka (topic outbox.event.order)"
 psql -X -c "SELECT state, pending, published, last_error FROM outbox.status"
 in_kafka=$(kcat -C -b "$OUTBOX_KAFKA" -t outbox.event.order -o beginning -e -q -f 'x\n' 2>/dev/null | wc -l)
 echo "messages in the topic (all runs): $in_kafka; published events still kept in outbox.events (for outbox.retention): $(psql -X -tAc 'SELECT count(*) FROM outbox.events e WHERE outbox.published(e)')"
@@ -118,6 +119,60 @@ echo "the last 3 messages (partition, offset, key, headers, payload):"
 # transaction markers, which kcat does not print
 kcat -C -b "$OUTBOX_KAFKA" -t outbox.event.order -o -4 -e -q \
     -f 'partition=%p offset=%o key=%k\n  headers: %h\n  payload: %s\n' 2>/dev/null | tail -n 9
+
+step "7/7 the inbox: each committed registration becomes one welcome mail (Kafka -> Postgres)"
+# The other half (doc/inbox.md): a subscription consumes outbox.event.user into this database
+# and calls send_welcome_mail() once per event, as role demo_mailer, in the transaction that
+# records the Kafka offset.  A real setup consumes in another database or cluster.
+test/env/kafka.sh topic-create outbox.event.user 2 >/dev/null
+psql -X -q -v ON_ERROR_STOP=1 <<'SQL'
+SET client_min_messages = warning;
+CREATE TABLE IF NOT EXISTS users (id bigint PRIMARY KEY, email text NOT NULL);
+CREATE SEQUENCE IF NOT EXISTS user_ids;
+CREATE TABLE IF NOT EXISTS mail_queue (event_id uuid PRIMARY KEY, user_id bigint NOT NULL,
+                                       queued_at timestamptz NOT NULL DEFAULT now());
+DO $$ BEGIN CREATE ROLE demo_mailer; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+GRANT USAGE ON SCHEMA outbox TO demo_mailer;
+GRANT EXECUTE ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, boolean, text) TO demo_mailer;
+GRANT INSERT ON mail_queue TO demo_mailer;
+CREATE OR REPLACE FUNCTION send_welcome_mail(e outbox.inbox_event) RETURNS void
+LANGUAGE sql SET search_path = public AS $$
+    INSERT INTO mail_queue (event_id, user_id)
+    SELECT e.event_id, e.key::bigint WHERE e.event_type = 'user.registered'
+$$;
+SELECT NOT EXISTS (SELECT FROM outbox.subscriptions WHERE name = 'welcome_mail') AS new_subscription \gset
+\if :new_subscription
+SET ROLE demo_mailer;       -- the handler runs as the role that subscribes, never as a superuser
+SELECT outbox.subscribe('welcome_mail', ARRAY['outbox.event.user'],
+                        'send_welcome_mail(outbox.inbox_event)') \g /dev/null
+RESET ROLE;
+\endif
+SQL
+cat > /tmp/outbox-demo-register.sql <<'SQL'
+\set rollback random(1, 10)
+BEGIN;
+SELECT nextval('user_ids') AS user_id \gset
+INSERT INTO users VALUES (:user_id, 'user' || :user_id || '@example.com');
+SELECT outbox.emit('user', :user_id::text, 'user.registered',
+                   jsonb_build_object('user_id', :user_id, 'email', 'user' || :user_id || '@example.com'));
+\if :rollback = 1
+ROLLBACK;
+\else
+COMMIT;
+\endif
+SQL
+before_user=$(psql -X -tAc "SELECT coalesce(max(id), 0) FROM users")
+pgbench -n -c 2 -j 2 -T 5 -f /tmp/outbox-demo-register.sql 2>&1 | grep -E 'transactions actually' || true
+registered=$(psql -X -tAc "SELECT count(*) FROM users WHERE id > $before_user")
+mails() { psql -X -tAc "SELECT count(*) FROM mail_queue WHERE user_id > $before_user"; }
+for _ in $(seq 1 120); do
+    [[ "$(mails)" -ge "$registered" ]] && break
+    sleep 0.5
+done
+echo "registrations committed in this run: $registered; welcome mails queued for them: $(mails);" \
+     "mails for rolled-back registrations: $(psql -X -tAc "SELECT count(*) FROM mail_queue m WHERE user_id > $before_user AND NOT EXISTS (SELECT FROM users u WHERE u.id = m.user_id)")"
+psql -X -c "SELECT subscription, topic, kafka_partition AS partition, next_offset, lag, applied, duplicates, state FROM outbox.inbox_status"
+
 echo
 echo "Servers keep running: psql -h 127.0.0.1 -p $PGPORT -U postgres $PGDATABASE"
 echo "Watch events live:    kcat -C -b $OUTBOX_KAFKA -t outbox.event.order -f '%k %h %s\n'"
