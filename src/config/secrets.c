@@ -73,7 +73,19 @@ outbox_emit_log_hook(ErrorData *edata)
 	if (edata->message != NULL && mentions_kafka_properties(edata->message) &&
 		edata->message_id != NULL &&
 		strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0)
-		edata->message = pstrdup("parameter \"outbox.kafka_properties\" changed (value not logged)");
+	{
+		/* keep the name: outbox.kafka_properties or outbox.inbox_kafka_properties */
+		const char *prefix = "parameter \"";
+		bool		english = strncmp(edata->message, prefix, strlen(prefix)) == 0;
+		const char *name = english ? edata->message + strlen(prefix) : "";
+		const char *end = english ? strchr(name, '"') : NULL;
+
+		if (end == NULL)
+			edata->message = pstrdup("a parameter naming kafka_properties changed (value not logged)");
+		else
+			edata->message = psprintf("parameter \"%.*s\" changed (value not logged)",
+									  (int) (end - name), name);
+	}
 
 	if (debug_query_string != NULL && mentions_kafka_properties(debug_query_string))
 	{

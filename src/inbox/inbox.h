@@ -39,6 +39,9 @@
 /* Longest subscription name (bytes), so that it fits shared memory */
 #define INBOX_NAME_MAX			(NAMEDATALEN - 1)
 
+/* Most topics one subscription names (outbox.subscribe() refuses more) */
+#define INBOX_MAX_TOPICS		1000
+
 /*
  * One record as the handler sees it (outbox.inbox_event), built from a
  * Kafka message (inbox_event.c) or from a dead letter being retried.

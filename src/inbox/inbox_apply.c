@@ -374,6 +374,7 @@ settle(InboxSubscription *sub, InboxEvent *ev, Verdict *v, HeldKeys *held)
 static void
 begin_run(InboxSubscription *sub)
 {
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)

@@ -189,6 +189,7 @@ inbox_attempts_mark(InboxSubscription *sub, InboxPartition *part, int64 offset)
 	bool		isnull;
 	int			ends;
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)

@@ -178,6 +178,7 @@ inbox_dedupe_rotate_if_due(void)
 		return;
 	last_rotate_check = now;
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)

@@ -29,6 +29,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -142,7 +143,16 @@ call_handler(InboxSubscription *sub, const InboxEvent *ev)
 		disable_timeout(STATEMENT_TIMEOUT, false);
 	call_started = 0;
 
-	AtEOXact_GUC(true, save_nestlevel);
+	/*
+	 * Undo every setting the handler changed, SET and set_config(..., false)
+	 * included, as VACUUM and ANALYZE do after running a table owner's code:
+	 * the next handler may belong to another role, and a setting can carry
+	 * a tenant for row-level security.  Session advisory locks go too: the
+	 * worker's session outlives the call, so a lock a handler forgot would
+	 * be held until the worker exits.
+	 */
+	AtEOXact_GUC(false, save_nestlevel);
+	LockReleaseSession(USER_LOCKMETHOD);
 	SetUserIdAndSecContext(save_userid, save_sec);
 }
 

@@ -43,6 +43,7 @@ PG_FUNCTION_INFO_V1(outbox_unsubscribe);
 
 static void check_name(const char *name);
 static Datum check_topics(ArrayType *topics);
+static void check_start_from(const char *start_from);
 static void check_handler(Oid handler);
 
 /*
@@ -130,6 +131,30 @@ check_name(const char *name)
 }
 
 /*
+ * start_from: earliest, latest or a finite timestamp.  The timestamp is
+ * parsed here (22007 if it is none) so that 'infinity' gets an error that
+ * says what to write instead, not a NOT NULL violation of the INSERT.
+ */
+static void
+check_start_from(const char *start_from)
+{
+	TimestampTz ts;
+
+	if (strcmp(start_from, "earliest") == 0 || strcmp(start_from, "latest") == 0)
+		return;
+	ts = DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
+												 CStringGetDatum(start_from),
+												 ObjectIdGetDatum(InvalidOid),
+												 Int32GetDatum(-1)));
+	if (TIMESTAMP_NOT_FINITE(ts))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_DATETIME_FORMAT),
+				 errmsg("start_from must be earliest, latest or a finite timestamp, not \"%s\"",
+						start_from),
+				 errhint("Use 'earliest' for -infinity and 'latest' for infinity.")));
+}
+
+/*
  * The topics: a one-dimensional array of legal, distinct topic names, none
  * of Kafka's internal ones.  Returns the array as a Datum.
  */
@@ -138,6 +163,7 @@ check_topics(ArrayType *topics)
 {
 	Datum	   *elems;
 	bool	   *nulls;
+	char	  **names;
 	int			n;
 	int			i;
 	int			j;
@@ -146,11 +172,18 @@ check_topics(ArrayType *topics)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("topics must be a one-dimensional array")));
+	/* the count first: a user's try with 100,000 names ran the host out of memory */
+	if (ArrayGetNItems(ARR_NDIM(topics), ARR_DIMS(topics)) > INBOX_MAX_TOPICS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("a subscription consumes at most %d topics", INBOX_MAX_TOPICS),
+				 errhint("Split the topics over several subscriptions.")));
 	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
 	if (n == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a subscription needs at least one topic")));
+	names = palloc(sizeof(char *) * n);
 	for (i = 0; i < n; i++)
 	{
 		char	   *topic;
@@ -159,7 +192,7 @@ check_topics(ArrayType *topics)
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("topics must not contain NULL")));
-		topic = TextDatumGetCString(elems[i]);
+		topic = names[i] = TextDatumGetCString(elems[i]);
 		if (!outbox_topic_is_legal(topic, strlen(topic)))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -171,7 +204,7 @@ check_topics(ArrayType *topics)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("\"%s\" is one of Kafka's internal topics", topic)));
 		for (j = 0; j < i; j++)
-			if (strcmp(topic, TextDatumGetCString(elems[j])) == 0)
+			if (strcmp(topic, names[j]) == 0)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("topic \"%s\" is named twice", topic)));
@@ -260,6 +293,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 	values[3] = CStringGetTextDatum(on_failed);
 	values[4] = PG_GETARG_DATUM(4);
 	start_from = text_to_cstring(PG_GETARG_TEXT_PP(5));
+	check_start_from(start_from);
 	values[5] = CStringGetTextDatum(start_from);
 	values[6] = ObjectIdGetDatum(caller);
 	if (superuser_arg(caller) && !outbox_inbox_superuser_subscriptions)

@@ -151,6 +151,7 @@ inbox_has_subscriptions(void)
 {
 	bool		any = false;
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true)) &&
@@ -231,6 +232,7 @@ reload(void)
 		inbox_shmem_note_no_subscriptions();
 		proc_exit(0);
 	}
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -320,6 +322,7 @@ refresh(bool force)
 	if (due)
 	{
 		last_refresh = now;
+		SetCurrentStatementStartTimestamp();
 		StartTransactionCommand();
 		PushActiveSnapshot(GetTransactionSnapshot());
 		if (SPI_connect() != SPI_OK_CONNECT)

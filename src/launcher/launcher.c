@@ -477,6 +477,7 @@ plan_databases(bool *all)
 	while ((db = hash_seq_search(&seq)) != NULL)
 		db->wanted = false;
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	(void) GetTransactionSnapshot();
 	/* what we keep must outlive the transaction */

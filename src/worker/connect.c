@@ -145,6 +145,7 @@ outbox_relay_has_extension(void)
 
 	if (strcmp(outbox_databases, "*") != 0)
 		return true;
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	found = OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true));
 	CommitTransactionCommand();

@@ -315,3 +315,69 @@ def test_librdkafka_errors_of_the_inbox_never_show_a_masked_value(env, app):
     assert not [e for e in errors if secret in e], f"inbox last_error shows the masked value: {errors}"
     assert not [ln for ln in log if secret in ln], \
         f"the server log shows the masked value: {[ln for ln in log if secret in ln][:3]}"
+
+
+def test_a_handler_leaves_no_settings_locks_or_stale_clock_behind(env, app):
+    """A fresh user's findings: a handler's set_config(..., false) reached the next handler, of
+    another role (a setting may carry a tenant for row-level security); a session advisory lock
+    a handler took stayed with the worker; now() in every handler was the worker's start time
+    (its transactions never got a statement start time).  Now each call's settings and session
+    advisory locks are undone, and each transaction has its own now()."""
+    conn = app
+    setup_app_role(conn, "inbox_other")
+    topic = new_topic(env, "leak")
+    mail_handler(conn, "it_mail_leak", "it_handle_leak", extra_sql=(
+        "PERFORM set_config('work_mem', '64kB', false);"
+        " PERFORM set_config('myapp.tenant', 'leaked', false);"
+        " PERFORM pg_advisory_lock(424242);"))
+    subscribe(conn, "it_leak", [topic], "it_handle_leak")
+    produce(env, topic, records(("k", 1)), partition=0)
+    settled(conn, "it_leak", 1)
+    assert query_one(conn, "SELECT pg_try_advisory_lock(424242)")[0], \
+        "the handler's session advisory lock is still held by the inbox worker"
+    query(conn, "SELECT pg_advisory_unlock(424242)")
+
+    query(conn, "DROP TABLE IF EXISTS it_seen_leak")
+    query(conn, "CREATE TABLE it_seen_leak (tenant text, work_mem text, now timestamptz)")
+    query(conn, "ALTER TABLE it_seen_leak OWNER TO inbox_other")
+    query(conn, """CREATE FUNCTION it_handle_seen(e outbox.inbox_event) RETURNS void
+        LANGUAGE sql SET search_path = public, pg_temp AS $$
+        INSERT INTO it_seen_leak VALUES (current_setting('myapp.tenant', true),
+                                         current_setting('work_mem'), now()) $$""")
+    query(conn, "ALTER FUNCTION it_handle_seen(outbox.inbox_event) OWNER TO inbox_other")
+    worker_pid = query_one(conn, "SELECT pid FROM outbox.inbox_worker_partitions() WHERE subscription IS NULL")[0]
+    before = query_one(conn, "SELECT clock_timestamp()")[0]
+    subscribe(conn, "it_seen", [topic], "it_handle_seen", role="inbox_other")
+    settled(conn, "it_seen", 1)
+    tenant, work_mem, now = query_one(conn, "SELECT tenant, work_mem, now FROM it_seen_leak")
+    assert query_one(conn, "SELECT pid FROM outbox.inbox_worker_partitions() WHERE subscription IS NULL")[0] \
+        == worker_pid, "the worker restarted: the test proves nothing"
+    assert tenant in (None, ""), f"another role's handler saw the setting the first one left: {tenant!r}"
+    assert work_mem != "64kB", "work_mem set by one handler stayed for the next"
+    assert now >= before, f"now() in the handler is {now}, older than the subscription ({before})"
+
+
+def test_subscribe_refuses_too_many_topics_and_an_infinite_start(env, app):
+    """100,000 topics ran the host out of memory (a quadratic check); 'infinity' as start_from
+    failed with a NOT NULL violation of the extension's own INSERT."""
+    conn = app
+    mail_handler(conn, "it_mail_lim", "it_handle_lim")
+    with pytest.raises(psycopg2.Error) as e:
+        subscribe(conn, "it_lim", [f"t{i}" for i in range(1001)], "it_handle_lim")
+    assert e.value.pgcode == "54000", e.value.pgerror
+    for value, hint in (("infinity", "latest"), ("-infinity", "earliest")):
+        with pytest.raises(psycopg2.Error) as e:
+            subscribe(conn, "it_lim", ["t1"], "it_handle_lim", start_from=value)
+        assert e.value.pgcode == "22007", e.value.pgerror
+        assert hint in e.value.diag.message_hint
+    subscribe(conn, "it_lim", [f"t{i}" for i in range(1000)], "it_handle_lim")
+
+
+def test_a_reload_of_inbox_kafka_properties_logs_its_own_name(env, app):
+    """The log said 'parameter "outbox.kafka_properties" changed' for the inbox's setting."""
+    conn = app
+    start = len(open(env.server_log, errors="replace").read())
+    set_conf(conn, inbox_kafka_properties="fetch.wait.max.ms=101")
+    line = 'parameter "outbox.inbox_kafka_properties" changed (value not logged)'
+    wait_until(lambda: line in open(env.server_log, errors="replace").read()[start:], 20, "the log line")
+    assert 'parameter "outbox.kafka_properties" changed' not in open(env.server_log, errors="replace").read()[start:]
