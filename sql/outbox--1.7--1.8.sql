@@ -484,7 +484,7 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.inbox_take(text, integer) IS
-'Queue mode: deletes and returns up to max events of the subscription from outbox.inbox, in id order, inside the calling transaction: only the first pending event of each topic and key, skipping rows other transactions took and have not committed. A rolled-back take gives them back; a committed one applied them exactly once. The caller must be the owner or a member of it, or a superuser. Errors: 42704 no such subscription, 22023 max below 1.';
+'Queue mode: deletes and returns up to max events of the subscription from outbox.inbox, in id order, inside the calling transaction: only the first pending event of each topic and key, skipping rows other transactions took and have not committed. A rolled-back take gives them back; a committed one applied them exactly once. The caller must be the owner or a member of it, or a superuser. Errors: 42704 no such subscription, 22023 max below 1, or a subscription with a handler (its events are applied, not queued).';
 
 /* status: shared memory of the inbox worker, with the tables */
 CREATE FUNCTION outbox.inbox_worker_partitions(

@@ -381,3 +381,16 @@ def test_a_reload_of_inbox_kafka_properties_logs_its_own_name(env, app):
     line = 'parameter "outbox.inbox_kafka_properties" changed (value not logged)'
     wait_until(lambda: line in open(env.server_log, errors="replace").read()[start:], 20, "the log line")
     assert 'parameter "outbox.kafka_properties" changed' not in open(env.server_log, errors="replace").read()[start:]
+
+
+def test_inbox_take_refuses_a_subscription_with_a_handler(env, app):
+    """A fresh user took from a subscription with a handler and got 0 rows, forever: it looks like
+    an empty queue.  Now it is an error that says why."""
+    conn = app
+    topic = new_topic(env, "takeh")
+    mail_handler(conn, "it_mail_takeh", "it_handle_takeh")
+    subscribe(conn, "it_takeh", [topic], "it_handle_takeh")
+    with pytest.raises(psycopg2.Error) as e:
+        as_app(conn, "SELECT * FROM outbox.inbox_take('it_takeh', 10)")
+    assert e.value.pgcode == "22023", e.value.pgerror
+    assert "has a handler" in e.value.pgerror
