@@ -117,17 +117,34 @@ inbox_check_manage(const char *name, Oid caller, bool drop)
 	return owner;
 }
 
-/* a subscription name: 1 to 63 bytes */
+/*
+ * A subscription name: 1 to 63 bytes, no control characters and not only
+ * spaces (a newline in a name broke every listing of outbox.inbox_status).
+ */
 static void
 check_name(const char *name)
 {
 	size_t		len = strlen(name);
+	bool		blank = true;
 
 	if (len == 0 || len > INBOX_NAME_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a subscription name has 1 to %d bytes", INBOX_NAME_MAX),
 				 errdetail("\"%s\" has %zu.", name, len)));
+	for (const char *c = name; *c; c++)
+	{
+		if ((unsigned char) *c < 0x20 || *c == 0x7f)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("a subscription name must not contain control characters")));
+		if (*c != ' ')
+			blank = false;
+	}
+	if (blank)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a subscription name must not be only spaces")));
 }
 
 /*

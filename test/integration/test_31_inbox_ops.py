@@ -394,3 +394,14 @@ def test_inbox_take_refuses_a_subscription_with_a_handler(env, app):
         as_app(conn, "SELECT * FROM outbox.inbox_take('it_takeh', 10)")
     assert e.value.pgcode == "22023", e.value.pgerror
     assert "has a handler" in e.value.pgerror
+
+
+def test_subscription_names_without_control_characters(env, app):
+    """A name with a newline, or of spaces only, was accepted and broke psql's listings."""
+    conn = app
+    mail_handler(conn, "it_mail_nm", "it_handle_nm")
+    for bad in ("a\nb", "tab\there", " ", "   "):
+        with pytest.raises(psycopg2.Error) as e:
+            subscribe(conn, bad, ["t1"], "it_handle_nm")
+        assert e.value.pgcode == "22023", (bad, e.value.pgerror)
+    subscribe(conn, "it nm ok", ["t1"], "it_handle_nm")
