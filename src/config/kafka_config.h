@@ -42,8 +42,6 @@ extern bool outbox_check_properties_setting(char **newval, void **extra,
 											const char *name,
 											OutboxRefusable refusable);
 extern bool outbox_kafka_property_is_secret(const char *key);
-extern void outbox_kafka_scrub_secrets(char *text, size_t size,
-									   const char *properties);
 extern bool outbox_check_kafka_properties(char **newval, void **extra,
 										  GucSource source);
 extern char *outbox_trim_whitespace(char *s);

@@ -12,14 +12,19 @@
  *	  outbox.kafka_properties before pg_stat_activity and
  *	  pg_stat_statements see it,
  *	- a check at server start warns when the order of
- *	  shared_preload_libraries makes pg_stat_statements see it first.
+ *	  shared_preload_libraries makes pg_stat_statements see it first,
+ *	- librdkafka's own texts, which may quote a value (a keystore's path),
+ *	  are scrubbed of the secret values before they are shown
+ *	  (outbox_kafka_scrub_secrets: the relay's and the inbox's).
  * _PG_init installs both hooks in every process that loads the library.
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
 #include "config/secrets.h"
+#include "config/kafka_config.h"
 
+#include "lib/stringinfo.h"
 #include "nodes/parsenodes.h"
 #include "pgstat.h"
 #include "tcop/tcopprot.h"
@@ -217,4 +222,52 @@ outbox_check_preload_order(void)
 				(errmsg("outbox is listed before pg_stat_statements in shared_preload_libraries"),
 				 errdetail("pg_stat_statements then records ALTER SYSTEM SET outbox.kafka_properties with its value, which may hold passwords, for its readers (pg_read_all_stats)."),
 				 errhint("List outbox after it: shared_preload_libraries = 'pg_stat_statements,outbox'.")));
+}
+
+/*
+ * outbox_kafka_scrub_secrets
+ *		Replace, in text (a NUL-terminated buffer of size bytes), every
+ *		occurrence of the value of a secret property of properties (the text
+ *		of outbox.kafka_properties) by "********", cutting the result at
+ *		size - 1 bytes.
+ *
+ * librdkafka's own error texts quote some values: "Failed to open
+ * ssl.keystore.location: /path" names the file, whose path may be the very
+ * thing SHOW masks.  Every text of librdkafka's that reaches outbox.status
+ * or the log goes through here first.  Worker's thread only (it pallocs);
+ * raises no error: a properties text that does not parse scrubs nothing,
+ * as no producer could have been built from it.
+ */
+void
+outbox_kafka_scrub_secrets(char *text, size_t size, const char *properties)
+{
+	OutboxKafkaProperty *props;
+	int			nprops;
+	char	   *error;
+
+	if (text == NULL || text[0] == '\0' || properties == NULL || properties[0] == '\0' ||
+		!outbox_parse_kafka_properties(properties, &props, &nprops, &error))
+		return;
+	for (int i = 0; i < nprops; i++)
+	{
+		const char *value = props[i].value;
+		size_t		len = strlen(value);
+		StringInfoData buf;
+		const char *from = text;
+		const char *hit;
+
+		if (len == 0 || !outbox_kafka_property_is_secret(props[i].key) ||
+			strstr(text, value) == NULL)
+			continue;
+		initStringInfo(&buf);
+		while ((hit = strstr(from, value)) != NULL)
+		{
+			appendBinaryStringInfo(&buf, from, hit - from);
+			appendStringInfoString(&buf, "********");
+			from = hit + len;
+		}
+		appendStringInfoString(&buf, from);
+		strlcpy(text, buf.data, size);
+		pfree(buf.data);
+	}
 }

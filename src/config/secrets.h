@@ -23,5 +23,7 @@ extern void outbox_process_utility(PlannedStmt *pstmt, const char *queryString,
 								   QueryEnvironment *queryEnv,
 								   DestReceiver *dest, QueryCompletion *qc);
 extern void outbox_check_preload_order(void);
+extern void outbox_kafka_scrub_secrets(char *text, size_t size,
+									   const char *properties);
 
 #endif							/* OUTBOX_SECRETS_H */

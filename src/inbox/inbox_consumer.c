@@ -32,6 +32,7 @@
 #include "outbox.h"
 #include "inbox/inbox.h"
 #include "config/kafka_config.h"
+#include "config/secrets.h"
 
 #include "miscadmin.h"
 #include "utils/memutils.h"

@@ -30,6 +30,7 @@
 #include "kafka/producer.h"
 #include "config/guc.h"
 #include "config/kafka_config.h"
+#include "config/secrets.h"
 #include "kafka/topic_cache.h"
 #include "shared/shmem.h"
 
