@@ -216,6 +216,7 @@ extern bool inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 extern void inbox_attempts_calling(const char *subscription,
 								   const InboxEvent *ev);
 extern void inbox_attempts_called(void);
+extern void inbox_attempts_sigterm(SIGNAL_ARGS);
 extern void inbox_attempts_end_batch(InboxSubscription *sub);
 extern int	inbox_attempts_mark(InboxSubscription *sub, InboxPartition *part,
 								int64 offset);

@@ -24,8 +24,9 @@
  *	  becomes a dead letter without another call.
  * Only the record a worker ended in pays for this; batches run as one
  * transaction.  Any end of the process inside a handler call counts (a
- * kill -9 of the server too): the worst case is one record applied alone,
- * or, after as many ends inside that same record as
+ * kill -9 of the server too), except one that SIGTERM asked for (a fast
+ * shutdown, pg_terminate_backend()): the worst case is one record applied
+ * alone, or, after as many ends inside that same record as
  * outbox.inbox_max_attempts, a dead letter that outbox.inbox_retry() brings
  * back.  Queue mode calls no handler and writes nothing here.
  *
@@ -42,6 +43,8 @@
 #include "common/file_perm.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
+#include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -55,6 +58,11 @@ static int64 careful_offset;
 
 static int	file = -1;
 static char path[MAXPGPATH];
+
+/* SIGTERM came: a stop someone asked for (a fast shutdown, pg_terminate_backend) */
+static volatile sig_atomic_t stop_requested = false;
+
+static void forget_call_at_stop(int code, Datum arg);
 
 /*
  * inbox_attempts_begin
@@ -105,6 +113,33 @@ inbox_attempts_begin(Oid dboid)
 				(errcode_for_file_access(),
 				 errmsg("outbox inbox: could not open \"%s\": %m", path)));
 	else
+		inbox_attempts_called();
+	before_shmem_exit(forget_call_at_stop, (Datum) 0);
+}
+
+/*
+ * inbox_attempts_sigterm
+ *		The worker's SIGTERM handler: die(), having noted that the end to
+ *		come was asked for.  A fast shutdown or a restart in the middle of
+ *		a long handler call is not a crash inside it: counted as one, a few
+ *		deploys made a healthy record a dead letter (a fresh user's try).
+ */
+void
+inbox_attempts_sigterm(SIGNAL_ARGS)
+{
+	stop_requested = true;
+	die(postgres_signal_arg);
+}
+
+/*
+ * At exit after a SIGTERM (the FATAL it raises runs the exit callbacks; a
+ * crash, kill -9 or SIGQUIT runs none): the call in progress, if any, did
+ * not end the process, so mark the line done.
+ */
+static void
+forget_call_at_stop(int code, Datum arg)
+{
+	if (stop_requested)
 		inbox_attempts_called();
 }
 

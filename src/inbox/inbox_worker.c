@@ -98,7 +98,7 @@ outbox_inbox_main(Datum main_arg)
 	InboxArgs	args;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, die);
+	pqsignal(SIGTERM, inbox_attempts_sigterm);
 	BackgroundWorkerUnblockSignals();
 
 	memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));

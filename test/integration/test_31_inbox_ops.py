@@ -405,3 +405,27 @@ def test_subscription_names_without_control_characters(env, app):
             subscribe(conn, bad, ["t1"], "it_handle_nm")
         assert e.value.pgcode == "22023", (bad, e.value.pgerror)
     subscribe(conn, "it nm ok", ["t1"], "it_handle_nm")
+
+
+def test_a_stop_during_a_handler_call_is_not_a_crash(env, app):
+    """With outbox.inbox_max_attempts = 1, a fresh user's `pg_ctl restart -m fast` while a
+    handler slept made that healthy record a dead letter (XX000, "the inbox worker ended 1
+    times while it applied this record").  A stop that SIGTERM asks for (a fast shutdown,
+    pg_terminate_backend()) is not a crash inside the call: the record is applied after it."""
+    conn = app
+    topic = new_topic(env, "stop")
+    mail_handler(conn, "it_mail_stop", "it_handle_stop", extra_sql="PERFORM pg_sleep(3);")
+    set_conf(conn, inbox_max_attempts=1)
+    try:
+        subscribe(conn, "it_stop", [topic], "it_handle_stop")
+        produce(env, topic, records(("k", 1)), partition=0)
+        sleeping = wait_until(lambda: query(conn, "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+                                                  " AND backend_type = 'outbox inbox'"), TIMEOUT_S,
+                              "the handler to sleep in the inbox worker")
+        query(conn, "SELECT pg_terminate_backend(%s)", (sleeping[0][0],))
+        settled(conn, "it_stop", 1)
+        assert query_one(conn, "SELECT count(*) FROM outbox.inbox_dead WHERE subscription = 'it_stop'")[0] == 0, \
+            query(conn, "SELECT error FROM outbox.inbox_dead WHERE subscription = 'it_stop'")
+        assert applied(conn, "it_mail_stop") == [("k", 1)]
+    finally:
+        set_conf(conn, inbox_max_attempts=None)
