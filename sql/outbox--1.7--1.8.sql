@@ -520,13 +520,16 @@ SELECT r.subscription,
        CASE WHEN r.copy THEN 'restored_copy'
             WHEN r.paused THEN 'paused'
             WHEN w.pid IS NULL THEN 'not_running'
+            WHEN w.state IN ('broker_down', 'config_error', 'not_configured') THEN w.state
             WHEN p.state IS NOT NULL THEN p.state
             WHEN w.state <> 'running' THEN w.state
             ELSE 'starting' END AS state,
        CASE WHEN r.copy THEN 'restored from another cluster or database: SELECT outbox.resume_subscription(' ||
                              pg_catalog.quote_literal(r.subscription) || ') applies events here'
+            WHEN w.state IN ('broker_down', 'config_error', 'not_configured') THEN w.last_error
             ELSE COALESCE(p.last_error, w.last_error) END AS last_error,
-       CASE WHEN p.last_error IS NOT NULL THEN p.last_error_at ELSE w.last_error_at END AS last_error_at,
+       CASE WHEN w.state IN ('broker_down', 'config_error', 'not_configured') OR p.last_error IS NULL
+            THEN w.last_error_at ELSE p.last_error_at END AS last_error_at,
        p.last_applied_at,
        w.pid
   FROM (SELECT s.name AS subscription, o.topic, o.kafka_partition, o.next_offset, o.applied,

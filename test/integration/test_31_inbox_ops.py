@@ -429,3 +429,23 @@ def test_a_stop_during_a_handler_call_is_not_a_crash(env, app):
         assert applied(conn, "it_mail_stop") == [("k", 1)]
     finally:
         set_conf(conn, inbox_max_attempts=None)
+
+
+def test_broker_down_shows_on_every_partition_row(env, app):
+    """A fresh user stopped Kafka under a running subscription: every row of inbox_status kept
+    saying running (the partition's own state won over the worker's broker_down)."""
+    conn = app
+    topic = new_topic(env, "down", partitions=2)
+    mail_handler(conn, "it_mail_down", "it_handle_down")
+    subscribe(conn, "it_down", [topic], "it_handle_down")
+    produce(env, topic, records(("a", 1), ("b", 2)))
+    wait_until(lambda: sum(r["applied"] for r in status(conn, "it_down")) == 2
+               and all(r["state"] == "running" for r in status(conn, "it_down")), TIMEOUT_S, "running")
+    set_conf(conn, inbox_bootstrap_servers="127.0.0.1:1")
+    try:
+        rows = wait_until(lambda: (lambda rs: rs if rs and all(r["state"] == "broker_down" for r in rs) else None)(
+            status(conn, "it_down")), TIMEOUT_S, "every row broker_down")
+        assert all(r["last_error"] for r in rows), rows
+    finally:
+        set_conf(conn, inbox_bootstrap_servers=None)
+    wait_until(lambda: all(r["state"] == "running" for r in status(conn, "it_down")), TIMEOUT_S, "running again")
