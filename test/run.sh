@@ -201,7 +201,9 @@ list_tests() {
             prev=$mod
         fi
         if [[ "${RUNS[$id]}" != "${MODMAJ[$mod]}" ]]; then
-            if grep -qxF "$id" <<<"$full_only"; then why="marked full_only (pytest.ini): a slow check of nothing that differs between majors"; else why="?"; fi
+            if grep -qxF "$id" <<<"$full_only"; then why="marked full_only (pytest.ini): a slow check of nothing that differs between majors"
+            elif [[ $id == *test_fault_schedule\[seed* ]]; then why="the random seed: each run draws its own"
+            else why="?"; fi
             rest=${id#*::}
             printf '  %-76s %-12s %s\n' "$rest" "${RUNS[$id]# }" "$why"
         fi
