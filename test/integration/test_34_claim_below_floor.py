@@ -22,10 +22,8 @@ arrived first in both.
 """
 import pytest
 
-from conftest import (create_topics, new_aggregate_type, pg_connect, query, query_one, topic_prefix,
-                      wait_until)
-from helpers_crash import LightReader
-from test_35_batch_windows import check_order, emit_open, mode_restored, switch_mode  # noqa: F401
+from conftest import pg_connect, query, query_one, wait_until
+from test_35_batch_windows import aggregate_topic, check_order, emit_open, mode_restored, switch_mode  # noqa: F401
 
 
 def emit_in(c, agg_type: str, aggregate: str, seq: int, mode: str) -> str:
@@ -40,11 +38,7 @@ def emit_in(c, agg_type: str, aggregate: str, seq: int, mode: str) -> str:
                          ids=["two-transactions", "one-transaction"])
 def test_row_claim_waits_for_snapshot_events_below_the_floor(env, conn, mode_restored,
                                                               same_transaction):
-    agg_type = new_aggregate_type("floor")
-    topic = topic_prefix(conn) + agg_type
-    create_topics(env, [topic])
-    reader = LightReader(env, [topic])
-    reader.wait_assigned()
+    agg_type, reader = aggregate_topic(env, conn, "floor")
 
     switch_mode(env, conn, "snapshot")
     s1, e1 = emit_open(env, "snapshot", agg_type, "x", 1)

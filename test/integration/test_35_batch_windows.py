@@ -27,6 +27,17 @@ from helpers_crash import LightReader, assert_delivered, delivery_check
 WINDOW_MS = 3000
 
 
+def aggregate_topic(env, conn, tag: str):
+    """A new aggregate type and a reader assigned to its routed topic before anything is
+    emitted (so that nothing it must see can land before it reads)."""
+    agg_type = new_aggregate_type(tag)
+    topic = topic_prefix(conn) + agg_type
+    create_topics(env, [topic])
+    reader = LightReader(env, [topic])
+    reader.wait_assigned()
+    return agg_type, reader
+
+
 def emit_open(env, mode: str, agg_type: str, aggregate: str, seq: int):
     """BEGIN; emit one event and leave the transaction open: (connection, event id). The event's
     tracking must be the one relay_mode gives: snapshot (xid set) or row (xid NULL)."""
@@ -88,11 +99,7 @@ def check_order(env, reader, present):
 def test_claim_ceiling_sees_a_snapshot_event_committed_in_the_window(env, conn, mode_restored):
     """(a): E1 (tracked by snapshot) commits, then E2 (row-tracked, same aggregate), both after the
     claim's transaction began and before its claim ran. The claim must not send E2 before E1."""
-    agg_type = new_aggregate_type("ceiling")
-    topic = topic_prefix(conn) + agg_type
-    create_topics(env, [topic])
-    reader = LightReader(env, [topic])
-    reader.wait_assigned()
+    agg_type, reader = aggregate_topic(env, conn, "ceiling")
 
     switch_mode(env, conn, "snapshot")
     s1, e1 = emit_open(env, "snapshot", agg_type, "x", 1)
@@ -119,11 +126,7 @@ def test_held_set_sees_a_row_event_committed_in_the_window(env, conn, mode_resto
     """(b): R1 (row-tracked) commits, then S2 (tracked by snapshot, same aggregate), both after the
     snapshot batch's transaction began and before the batch took its own snapshot. S2 must wait
     behind R1."""
-    agg_type = new_aggregate_type("held")
-    topic = topic_prefix(conn) + agg_type
-    create_topics(env, [topic])
-    reader = LightReader(env, [topic])
-    reader.wait_assigned()
+    agg_type, reader = aggregate_topic(env, conn, "held")
 
     switch_mode(env, conn, "row")
     s1, r1 = emit_open(env, "row", agg_type, "x", 1)
