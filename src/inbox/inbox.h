@@ -222,7 +222,8 @@ extern int	inbox_attempts_mark(InboxSubscription *sub, InboxPartition *part,
 								int64 offset);
 
 /* the access checks of the SQL API (inbox_subscribe.c) */
-extern Oid	inbox_check_manage(const char *name, Oid caller, bool drop);
+extern Oid	inbox_check_manage(const char *name, Oid caller, bool drop,
+							   bool *has_handler);
 extern void inbox_switch_to_owner(Oid *save_userid, int *save_sec);
 extern void inbox_switch_back(Oid save_userid, int save_sec);
 

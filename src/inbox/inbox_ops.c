@@ -46,7 +46,7 @@ manage(const char *name, const char *sql, int nargs, Oid *types, Datum *values,
 	inbox_switch_to_owner(&save_userid, &save_sec);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	(void) inbox_check_manage(name, caller, false);
+	(void) inbox_check_manage(name, caller, false, NULL);
 	ret = SPI_execute_with_args(sql, nargs, types, values, nulls, false, 0);
 	if (ret < 0)
 		elog(ERROR, "outbox: \"%s\" failed: %s", sql, SPI_result_code_string(ret));
@@ -129,7 +129,7 @@ check_seek(FunctionCallInfo fcinfo, char **name, char **topic)
 		elog(ERROR, "outbox: reading the subscriptions failed: %s", SPI_result_code_string(ret));
 	consumed = SPI_processed > 0;
 	if (!consumed)
-		(void) inbox_check_manage(*name, save_userid, false);
+		(void) inbox_check_manage(*name, save_userid, false, NULL);
 	SPI_finish();
 	inbox_switch_back(save_userid, save_sec);
 	if (!consumed)

@@ -77,13 +77,14 @@ inbox_switch_back(Oid save_userid, int save_sec)
 /*
  * inbox_check_manage
  *		ERROR unless subscription name exists (42704) and caller has the
- *		privileges of its owner (42501); returns the owner.  The row stays
+ *		privileges of its owner (42501); returns the owner, and whether the
+ *		subscription has a handler into *has_handler unless it is NULL.  The row stays
  *		locked to the end of the transaction: FOR UPDATE when drop, else
  *		FOR KEY SHARE.  Call with SPI connected, as the extension's owner,
  *		passing the caller's role.
  */
 Oid
-inbox_check_manage(const char *name, Oid caller, bool drop)
+inbox_check_manage(const char *name, Oid caller, bool drop, bool *has_handler)
 {
 	Datum		values[1];
 	int			ret;
@@ -97,8 +98,8 @@ inbox_check_manage(const char *name, Oid caller, bool drop)
 	 */
 	values[0] = CStringGetTextDatum(name);
 	ret = SPI_execute_with_args(drop ?
-								"SELECT owner::pg_catalog.oid FROM outbox.subscriptions WHERE name = $1 FOR UPDATE" :
-								"SELECT owner::pg_catalog.oid FROM outbox.subscriptions WHERE name = $1 FOR KEY SHARE",
+								"SELECT owner::pg_catalog.oid, handler IS NOT NULL FROM outbox.subscriptions WHERE name = $1 FOR UPDATE" :
+								"SELECT owner::pg_catalog.oid, handler IS NOT NULL FROM outbox.subscriptions WHERE name = $1 FOR KEY SHARE",
 								1, (Oid[]) {TEXTOID}, values, NULL, false, 1);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "outbox: reading the subscriptions failed: %s", SPI_result_code_string(ret));
@@ -108,6 +109,8 @@ inbox_check_manage(const char *name, Oid caller, bool drop)
 				 errmsg("subscription \"%s\" does not exist", name),
 				 errhint("SELECT name FROM outbox.subscriptions lists them.")));
 	owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (has_handler != NULL)
+		*has_handler = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	if (!has_privs_of_role(caller, owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -383,7 +386,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	inbox_switch_to_owner(&save_userid, &save_sec);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	(void) inbox_check_manage(name, caller, true);
+	(void) inbox_check_manage(name, caller, true, NULL);
 	values[0] = CStringGetTextDatum(name);
 	for (i = 0; i < (int) lengthof(deletes); i++)
 	{

@@ -52,27 +52,6 @@ PG_FUNCTION_INFO_V1(outbox_inbox_take);
  *		the privileges of the subscription's owner (42501); 42704 if there
  *		is no such subscription, 22023 if max is below 1.
  */
-/*
- * A subscription with a handler queues nothing: taking from it would
- * return no rows forever, which looks like an empty queue.  Say so.
- */
-static void
-refuse_handler_subscription(const char *name, Datum name_datum)
-{
-	bool		isnull;
-	int			ret;
-
-	ret = SPI_execute_with_args("SELECT handler IS NOT NULL FROM outbox.subscriptions WHERE name = $1",
-								1, (Oid[]) {TEXTOID}, &name_datum, NULL, true, 1);
-	if (ret != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: reading subscription \"%s\" failed", name);
-	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("subscription \"%s\" has a handler: its events are applied, not queued", name),
-				 errhint("outbox.inbox_take() is for subscriptions made without a handler (queue mode).")));
-}
-
 Datum
 outbox_inbox_take(PG_FUNCTION_ARGS)
 {
@@ -84,6 +63,7 @@ outbox_inbox_take(PG_FUNCTION_ARGS)
 	int			save_sec;
 	int			ret;
 	uint64		i;
+	bool		has_handler;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
@@ -99,9 +79,14 @@ outbox_inbox_take(PG_FUNCTION_ARGS)
 	inbox_switch_to_owner(&save_userid, &save_sec);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	(void) inbox_check_manage(name, caller, false);
+	(void) inbox_check_manage(name, caller, false, &has_handler);
+	/* a handler's subscription queues nothing: 0 rows forever would look like an empty queue */
+	if (has_handler)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("subscription \"%s\" has a handler: its events are applied, not queued", name),
+				 errhint("outbox.inbox_take() is for subscriptions made without a handler (queue mode).")));
 	values[0] = CStringGetTextDatum(name);
-	refuse_handler_subscription(name, values[0]);
 	values[1] = Int64GetDatum((int64) PG_GETARG_INT32(1));
 	ret = SPI_execute_with_args(TAKE_SQL, 2, (Oid[]) {TEXTOID, INT8OID}, values, NULL,
 								false, 0);
