@@ -452,7 +452,7 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.cluster_status() IS
-'The whole server, read from shared memory, from any database. First row: kind launcher, state running (not_running, pid NULL, while the postmaster restarts it), started_at. Then kind relay, one row per relay worker of every database, with the columns of outbox.worker_status() (counters since that worker started). Then kind relay, state waiting_for_slot, pid NULL, for each database covered by outbox.databases that has no relay because outbox.max_workers or max_worker_processes is used up (last_error says which, last_error_at since when; the first 256 such databases). Then kind inbox, one row per inbox worker (schema 1.8): published = records it applied, failed = dead letters, delivery_errors = failed handler calls, last_publish_at = its last apply, since it started; state running, not_configured, config_error, broker_down or error (per partition: outbox.inbox_status). No rows when the library is not in shared_preload_libraries. Executable by pg_monitor.';
+'The whole server, read from shared memory, from any database. First row: kind launcher, state running (not_running, pid NULL, while the postmaster restarts it), started_at. Then kind relay, one row per relay worker of every database, with the columns of outbox.worker_status() (counters since that worker started). Then kind relay, state waiting_for_slot, pid NULL, for each database covered by outbox.databases that has no relay because outbox.max_workers or max_worker_processes is used up (last_error says which, last_error_at since when; the first 256 such databases). Then kind inbox_launcher, one row per database inbox launcher (schema 1.9: state running, or waiting_for_worker), and kind inbox, one row per inbox worker, one or more per subscription (schema 1.8): published = records it applied, failed = dead letters, delivery_errors = failed handler calls, last_publish_at = its last apply, since it started; state starting, running, paused, failing, not_configured, config_error, broker_down, error, or waiting_for_worker with pid NULL (per partition: outbox.inbox_status). No rows when the library is not in shared_preload_libraries. Executable by pg_monitor.';
 
 /* trigger capture */
 CREATE FUNCTION outbox.capture()
@@ -912,35 +912,40 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.inbox_worker_partitions() IS
-'What the inbox worker of this database shows in shared memory: one row for the worker (subscription NULL: state running, not_configured, config_error, broker_down or error) and one per partition it consumes (high watermark, state running, stalled or error, last error, last apply); kafka_partition -1 for a topic that does not exist yet (state waiting_for_topic). No rows when no inbox worker runs. Executable by pg_monitor.';
+'What the inbox of this database shows in shared memory (schema 1.9): one row for its inbox launcher (subscription and topic NULL: state running, or waiting_for_worker when a subscription has no worker), one per inbox worker (subscription set, topic NULL: state starting, running, paused, failing, not_configured, config_error, broker_down, error or waiting_for_worker with pid NULL) and one per partition a worker applies (high watermark, state running, paused, stalled or error, last error, last apply); kafka_partition -1 for a topic that does not exist yet (state waiting_for_topic). No rows when no inbox launcher runs. Executable by pg_monitor.';
 
 CREATE VIEW outbox.inbox_status AS
+WITH live AS MATERIALIZED (SELECT * FROM outbox.inbox_worker_partitions())
 SELECT r.subscription,
        r.topic,
        r.kafka_partition,
        CASE WHEN r.next_offset >= 0 THEN r.next_offset END AS next_offset,
        p.high_watermark,
        CASE WHEN r.next_offset >= 0 AND p.high_watermark IS NOT NULL
-            THEN GREATEST(p.high_watermark - r.next_offset, 0) END AS lag,
+            THEN p.high_watermark - r.next_offset END AS lag,
        r.applied,
        r.duplicates,
        COALESCE(d.dead_letters, 0) AS dead_letters,
        COALESCE(d.held, 0) AS held,
        CASE WHEN r.copy THEN 'restored_copy'
+            WHEN l.state IS NULL THEN 'not_running'
+            WHEN w.state IS NULL AND l.state = 'waiting_for_worker' THEN 'waiting_for_worker'
+            WHEN w.state IS NULL THEN CASE WHEN r.paused THEN 'paused' ELSE 'starting' END
             WHEN r.paused THEN 'paused'
-            WHEN w.pid IS NULL THEN 'not_running'
-            WHEN w.state IN ('broker_down', 'config_error', 'not_configured') THEN w.state
+            WHEN w.state IN ('broker_down', 'config_error', 'not_configured', 'waiting_for_worker', 'failing') THEN w.state
             WHEN p.state IS NOT NULL THEN p.state
             WHEN w.state <> 'running' THEN w.state
             ELSE 'starting' END AS state,
        CASE WHEN r.copy THEN 'restored from another cluster or database: SELECT outbox.resume_subscription(' ||
                              pg_catalog.quote_literal(r.subscription) || ') applies events here'
-            WHEN w.state IN ('broker_down', 'config_error', 'not_configured') THEN w.last_error
+            WHEN w.state IS NULL THEN l.last_error
+            WHEN w.state IN ('broker_down', 'config_error', 'not_configured', 'waiting_for_worker', 'failing') THEN w.last_error
             ELSE COALESCE(p.last_error, w.last_error) END AS last_error,
-       CASE WHEN w.state IN ('broker_down', 'config_error', 'not_configured') OR p.last_error IS NULL
+       CASE WHEN w.state IS NULL THEN l.last_error_at
+            WHEN w.state IN ('broker_down', 'config_error', 'not_configured', 'waiting_for_worker', 'failing') OR p.last_error IS NULL
             THEN w.last_error_at ELSE p.last_error_at END AS last_error_at,
        p.last_applied_at,
-       w.pid
+       COALESCE(p.pid, w.pid) AS pid
   FROM (SELECT s.name AS subscription, o.topic, o.kafka_partition, o.next_offset, o.applied,
                o.duplicates, s.paused, c.copy
           FROM outbox.subscriptions AS s
@@ -961,11 +966,16 @@ SELECT r.subscription,
                                         AND s.database_name <> pg_catalog.current_database()) AS copy) AS c
          WHERE NOT EXISTS (SELECT 1 FROM outbox.inbox_offsets AS o
                             WHERE o.subscription = s.name AND o.topic = t.topic)) AS r
-  LEFT JOIN (SELECT x.pid, x.state, x.last_error, x.last_error_at
-               FROM outbox.inbox_worker_partitions() AS x WHERE x.subscription IS NULL) AS w ON true
-  LEFT JOIN outbox.inbox_worker_partitions() AS p
+  LEFT JOIN (SELECT x.state, x.last_error, x.last_error_at
+               FROM live AS x WHERE x.subscription IS NULL) AS l ON true
+  LEFT JOIN live AS p
          ON p.subscription = r.subscription AND p.topic = r.topic
         AND p.kafka_partition = COALESCE(r.kafka_partition, -1)
+  LEFT JOIN LATERAL (SELECT x.pid, x.state, x.last_error, x.last_error_at
+                       FROM live AS x
+                      WHERE x.subscription = r.subscription AND x.topic IS NULL
+                      ORDER BY x.pid IS NOT DISTINCT FROM p.pid DESC, x.state = 'running'
+                      LIMIT 1) AS w ON true
   LEFT JOIN LATERAL (SELECT pg_catalog.count(*) FILTER (WHERE NOT x.held) AS dead_letters,
                             pg_catalog.count(*) FILTER (WHERE x.held) AS held
                        FROM outbox.inbox_dead AS x
@@ -973,7 +983,7 @@ SELECT r.subscription,
                         AND x.kafka_partition = r.kafka_partition) AS d ON true;
 
 COMMENT ON VIEW outbox.inbox_status IS
-'Inbox health, one row per subscription, topic and partition (kafka_partition NULL for a topic that does not exist yet): next_offset (NULL until the first record of a partition placed at its start or end), high_watermark and lag from Kafka, records applied and duplicates dropped in total, dead_letters (handler failed) and held (waiting behind one), state (starting, running, paused, stalled: Kafka no longer has next_offset, see outbox.inbox_seek(); waiting_for_topic, restored_copy, not_running, not_configured, config_error, broker_down, error) with the last error, the last apply and the worker''s pid.';
+'Inbox health, one row per subscription, topic and partition (kafka_partition NULL for a topic that does not exist yet): next_offset (NULL until the first record of a partition placed at its start or end), high_watermark from Kafka and lag = high_watermark - next_offset in every state (paused and stalled included; negative when next_offset is beyond the end), records applied and duplicates dropped in total, dead_letters (handler failed) and held (waiting behind one), state (starting, running, paused, stalled: Kafka no longer has next_offset, see outbox.inbox_seek(); failing: the subscription''s last 10 or more events all became dead letters; waiting_for_topic, waiting_for_worker: outbox.inbox_max_workers or max_worker_processes used up, restored_copy, not_running, not_configured, config_error, broker_down, error) with the last error, the last apply and the pid of the inbox worker that applies the partition.';
 
 /*
  * Least privilege.  emit() and the other functions run as the extension's

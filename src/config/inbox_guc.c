@@ -3,10 +3,12 @@
  * inbox_guc.c
  *	  The outbox.inbox_* settings.
  *
- * Every one is PGC_SIGHUP: the inbox worker reads them between batches,
- * and rebuilds its Kafka consumers when a setting they were built with
- * changed.  outbox.inbox_kafka_properties keeps its secrets out of view the
- * way outbox.kafka_properties does (kafka_config.c, secrets.c): its GUC
+ * Every one but outbox.inbox_max_workers (the size of an array in shared
+ * memory) is PGC_SIGHUP: the inbox workers read them between batches and
+ * before each handler call (inbox_handler.c), and rebuild their Kafka
+ * consumers when a setting they were built with changed.
+ * outbox.inbox_kafka_properties keeps its secrets out of view the way
+ * outbox.kafka_properties does (kafka_config.c, secrets.c): its GUC
  * variable holds the masked value, the real one lives in the GUC's extra.
  *
  *-------------------------------------------------------------------------
@@ -19,6 +21,7 @@
 
 #include <limits.h>
 
+#include "miscadmin.h"
 #include "utils/guc.h"
 
 char	   *outbox_inbox_bootstrap_servers = NULL;
@@ -29,6 +32,8 @@ int			outbox_inbox_handler_timeout = 30000;
 int			outbox_inbox_dedupe_window = 7 * 24 * 3600;
 int			outbox_inbox_max_attempts = 5;
 bool		outbox_inbox_superuser_subscriptions = false;
+int			outbox_inbox_workers_per_subscription = 1;
+int			outbox_inbox_max_workers = 8;
 
 /* the masked value SHOW displays (see the file header) */
 static char *inbox_kafka_properties_masked = NULL;
@@ -138,6 +143,26 @@ outbox_inbox_define_gucs(void)
 							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.inbox_workers_per_subscription",
+							"Inbox apply workers per subscription, sharing its partitions.",
+							"Each partition is applied by one of them, so the order of a key holds.",
+							&outbox_inbox_workers_per_subscription,
+							1, 1, OUTBOX_INBOX_MAX_WORKERS_PER_SUBSCRIPTION,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.inbox_max_workers",
+							"Most inbox apply workers in the whole server.",
+							"Each takes a background worker (max_worker_processes) while it runs.",
+							&outbox_inbox_max_workers,
+							8, 1, 1024,
+							/* as outbox.max_workers (guc.c) */
+							process_shared_preload_libraries_in_progress ?
+							PGC_POSTMASTER : PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
 }
 
 /*

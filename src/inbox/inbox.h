@@ -2,13 +2,15 @@
  *
  * inbox.h
  *	  Declarations shared by the files of the inbox, the receiving side of
- *	  the extension: a worker that consumes Kafka topics and applies each
- *	  event once in this database.
+ *	  the extension: workers that consume Kafka topics and apply each event
+ *	  once in this database.
  *
  * The inbox's parts in this folder:
  *	- the SQL API (inbox_subscribe.c, inbox_ops.c, inbox_take.c),
- *	- the worker (inbox_worker.c) with its Kafka consumers
- *	  (inbox_consumer.c) and subscriptions (inbox_subscription.c),
+ *	- a database's inbox launcher (inbox_launcher.c), which starts the
+ *	  inbox workers (inbox_worker.c) of its subscriptions, each with its
+ *	  Kafka consumer (inbox_consumer.c) and subscription
+ *	  (inbox_subscription.c),
  *	- the apply transaction (inbox_apply.c): events (inbox_event.c),
  *	  handler calls (inbox_handler.c), offsets (inbox_offsets.c), seen ids
  *	  (inbox_dedupe.c), dead letters (inbox_dead.c).
@@ -83,6 +85,7 @@ typedef struct InboxPartition
 	int32		partition;
 	int64		next_offset;	/* as committed: -2 first, -1 end, or >= 0 */
 	int			status;			/* index in the shared status pool, or -1 */
+	bool		mine;			/* in the calling worker's slice */
 	bool		stalled;		/* Kafka no longer has next_offset */
 	bool		seek_pending;	/* a seek_time waits to be resolved */
 } InboxPartition;
@@ -93,6 +96,8 @@ struct InboxConsumer;
 typedef struct InboxSubscription
 {
 	char		name[NAMEDATALEN];
+	int			slice;			/* the calling worker's slice ... */
+	int			nslices;		/* ... of this many */
 	Oid			owner;
 	Oid			handler;		/* InvalidOid: queue mode */
 	char	   *handler_text;	/* as stored; NULL in queue mode */
@@ -127,7 +132,8 @@ extern InboxPartition *inbox_add_partition(InboxSubscription *sub,
 										   int64 next_offset);
 
 /* inbox_subscription.c: the worker's list of subscriptions */
-extern List *inbox_load_subscriptions(List *old, bool *any);
+extern List *inbox_load_subscriptions(List *old, const char *name, int slice,
+									  int nslices, bool *any);
 extern void inbox_free_subscription(InboxSubscription *sub);
 extern bool inbox_subscription_active(const InboxSubscription *sub);
 extern const char *inbox_subscription_problem(const InboxSubscription *sub);
@@ -198,6 +204,8 @@ extern void inbox_dead_forget_plans(void);
 extern void inbox_handler_prepare(InboxSubscription *sub);
 extern void inbox_apply_event(InboxSubscription *sub, const InboxEvent *ev);
 extern bool inbox_handler_cleanup(void);
+extern bool inbox_config_reloaded;
+extern const char *inbox_applying;
 extern void inbox_handler_forget_plans(void);
 
 /* inbox_apply.c: a batch of records in one transaction */
@@ -206,8 +214,13 @@ extern void inbox_apply_batch(InboxSubscription *sub,
 extern void inbox_retry_dead(InboxSubscription *sub);
 extern bool inbox_sqlstate_is_transient(int sqlerrcode);
 
-/* inbox_worker.c */
+/* inbox_launcher.c: a database's inbox launcher */
 extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
+extern int	inbox_partition_slice(const char *topic, int32 partition,
+								  int nslices);
+
+/* inbox_worker.c: an inbox worker */
+extern PGDLLEXPORT void outbox_inbox_worker_main(Datum main_arg);
 
 /* inbox_attempts.c: records that may crash the worker */
 extern void inbox_attempts_begin(Oid dboid);

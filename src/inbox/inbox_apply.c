@@ -165,7 +165,10 @@ inbox_apply_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 	inbox_attempts_end_batch(sub);
 	for (i = 0; i < n; i++)
 		if (verdicts[i].failed)
+		{
 			inbox_count(0, 1, 0);
+			inbox_note_dead(verdicts[i].error);
+		}
 }
 
 /*
@@ -290,6 +293,12 @@ catch_failure(Failure *failure, volatile int *current, MemoryContext cxt)
 	RESUME_INTERRUPTS();
 	failure->index = *current;
 	failure->cancelled = failure->edata->sqlerrcode == ERRCODE_QUERY_CANCELED && !timed_out;
+	/* say which setting cut the call short, for the dead letter and the log */
+	if (timed_out && failure->edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
+		failure->edata->message =
+			psprintf("the handler ran longer than outbox.inbox_handler_timeout (%d ms): %s",
+					 outbox_inbox_handler_timeout,
+					 failure->edata->message ? failure->edata->message : "canceled");
 }
 
 /* is ev's key among those that failed in this run? */

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * inbox_consumer.c
- *	  The inbox's Kafka consumers, built on librdkafka: one per active
- *	  subscription, created in the inbox worker (never in the postmaster).
+ *	  The inbox's Kafka consumers, built on librdkafka: one per inbox
+ *	  worker, created in it (never in the postmaster).
  *
  * Offsets live in the database (inbox_offsets.c), so a consumer never
  * joins a consumer group and never commits: the worker assigns it every
@@ -219,9 +219,11 @@ inbox_consumer_settings_changed(InboxConsumer *c)
 
 /*
  * inbox_consumer_assign
- *		Assign sub's consumer every partition of sub that is neither stalled
- *		nor waiting for a seek, each at its next_offset from the table (-2:
- *		the first offset, -1: the end).  Records fetched before are
+ *		Assign sub's consumer every partition of sub in the calling worker's
+ *		slice that is neither stalled nor waiting for a seek (none while sub
+ *		does not consume: paused, refused, handler missing), each at its
+ *		next_offset from the table (-2: the first offset, -1: the end).
+ *		Records fetched before are
  *		dropped.
  */
 void
@@ -239,7 +241,8 @@ inbox_consumer_assign(InboxSubscription *sub)
 		InboxPartition *p = &sub->partitions[i];
 		rd_kafka_topic_partition_t *tp;
 
-		if (p->stalled || p->seek_pending)
+		if (p->stalled || p->seek_pending || !p->mine ||
+			!inbox_subscription_active(sub))
 			continue;
 		tp = rd_kafka_topic_partition_list_add(list, p->topic, p->partition);
 		tp->offset = p->next_offset == -2 ? RD_KAFKA_OFFSET_BEGINNING :
@@ -384,6 +387,7 @@ inbox_consumer_refresh(InboxSubscription *sub, int timeout_ms)
 		rd_kafka_resp_err_t err;
 		int			p;
 
+		CHECK_FOR_INTERRUPTS();
 		if (rkt == NULL)
 			continue;
 		err = rd_kafka_metadata(c->rk, 0, rkt, &md, timeout_ms);
@@ -508,7 +512,7 @@ inbox_consumer_watermarks(InboxSubscription *sub)
 		int64		low,
 					high;
 
-		if (rd_kafka_get_watermark_offsets(sub->consumer->rk, p->topic, p->partition,
+		if (p->mine && rd_kafka_get_watermark_offsets(sub->consumer->rk, p->topic, p->partition,
 										   &low, &high) == RD_KAFKA_RESP_ERR_NO_ERROR &&
 			high >= 0)
 			inbox_status_watermark(p->status, high);

@@ -24,11 +24,13 @@
  */
 #include "outbox.h"
 #include "inbox/inbox.h"
+#include "config/guc_refusal.h"
 
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "postmaster/interrupt.h"
 #include "storage/lock.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
@@ -45,6 +47,15 @@ static SPIPlanPtr queue_plan = NULL;
 
 /* when the current handler call began; 0 outside a call */
 static TimestampTz call_started = 0;
+
+/* a reload happened before a handler call: the worker reads its subscription again */
+bool		inbox_config_reloaded = false;
+
+/*
+ * the subscription whose handler is running, or NULL: the SQL API refuses to
+ * manage it from inside (inbox_subscribe.c)
+ */
+const char *inbox_applying = NULL;
 
 /*
  * inbox_handler_prepare
@@ -119,6 +130,13 @@ call_handler(InboxSubscription *sub, const InboxEvent *ev)
 	Datum		arg = inbox_event_datum(ev, sub->name);
 
 	Assert(handler_oid == sub->handler);
+	/* a reload of outbox.inbox_handler_timeout applies from this call on */
+	if (ConfigReloadPending)
+	{
+		ConfigReloadPending = false;
+		outbox_reload_config_file();
+		inbox_config_reloaded = true;
+	}
 	GetUserIdAndSecContext(&save_userid, &save_sec);
 	SetUserIdAndSecContext(sub->owner,
 						   save_sec | SECURITY_LOCAL_USERID_CHANGE |
@@ -136,7 +154,9 @@ call_handler(InboxSubscription *sub, const InboxEvent *ev)
 	fcinfo->args[0].value = arg;
 	fcinfo->args[0].isnull = false;
 	inbox_attempts_calling(sub->name, ev);
+	inbox_applying = sub->name;
 	(void) FunctionCallInvoke(fcinfo);
+	inbox_applying = NULL;
 	inbox_attempts_called();
 
 	if (outbox_inbox_handler_timeout > 0)
@@ -184,6 +204,7 @@ inbox_handler_cleanup(void)
 {
 	bool		timed_out = false;
 
+	inbox_applying = NULL;
 	if (call_started != 0)
 	{
 		disable_timeout(STATEMENT_TIMEOUT, false);

@@ -28,6 +28,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -54,7 +55,9 @@ inbox_find_partition(InboxSubscription *sub, const char *topic, int32 partition)
 /*
  * inbox_add_partition
  *		Add (topic, partition) at next_offset to sub's list, in sub's memory
- *		context; returns it.  Its shared status entry is claimed.
+ *		context; returns it.  When it is in the calling worker's slice, its
+ *		shared status entry is claimed; the others are listed only so that
+ *		new ones are told from known ones.
  */
 InboxPartition *
 inbox_add_partition(InboxSubscription *sub, const char *topic, int32 partition,
@@ -77,7 +80,8 @@ inbox_add_partition(InboxSubscription *sub, const char *topic, int32 partition,
 	p->topic = MemoryContextStrdup(sub->cxt, topic);
 	p->partition = partition;
 	p->next_offset = next_offset;
-	p->status = inbox_status_claim(sub->name, topic, partition);
+	p->mine = inbox_partition_slice(topic, partition, sub->nslices) == sub->slice;
+	p->status = p->mine ? inbox_status_claim(sub->name, topic, partition) : -1;
 	return p;
 }
 
@@ -270,7 +274,9 @@ inbox_offsets_resolve_seeks(InboxSubscription *sub)
 		int64		offset;
 		Datum		args[5];
 
-		if (p == NULL || !inbox_consumer_resolve_time(sub, topic, partition, when, &offset))
+		CHECK_FOR_INTERRUPTS();
+		if (p == NULL || !p->mine ||
+			!inbox_consumer_resolve_time(sub, topic, partition, when, &offset))
 			continue;
 		if (offset == -1 && !inbox_consumer_resolve_end(sub, topic, partition, &offset))
 			continue;
@@ -317,7 +323,8 @@ resolve_ends(InboxSubscription *sub)
 		Datum		args[5];
 		int			ret;
 
-		if (p->next_offset >= 0 || p->seek_pending ||
+		CHECK_FOR_INTERRUPTS();
+		if (p->next_offset >= 0 || p->seek_pending || !p->mine ||
 			!(p->next_offset == -1 ?
 			  inbox_consumer_resolve_end(sub, p->topic, p->partition, &offset) :
 			  inbox_consumer_resolve_start(sub, p->topic, p->partition, &offset)))

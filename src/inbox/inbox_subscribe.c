@@ -92,6 +92,18 @@ inbox_check_manage(const char *name, Oid caller, bool drop, bool *has_handler)
 	Oid			owner;
 
 	/*
+	 * A handler that unsubscribed, paused or moved its own subscription
+	 * would roll back its own batch, again and again: refuse it, so that the
+	 * event becomes a dead letter like any handler error.
+	 */
+	if (inbox_applying != NULL && strcmp(inbox_applying, name) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("subscription \"%s\" cannot be managed from its own handler", name),
+				 errdetail("The inbox is applying a batch of it in this transaction."),
+				 errhint("Manage it from another session.")));
+
+	/*
 	 * FOR KEY SHARE keeps the subscription from being dropped meanwhile
 	 * without keeping the worker or another session waiting; a drop locks
 	 * it for itself.

@@ -1,10 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * inbox_subscription.c
- *	  The subscriptions of the inbox worker's database, as the worker holds
- *	  them between two reloads.
+ *	  The subscription of an inbox worker, as the worker holds it between
+ *	  two reloads.
  *
- * The worker reads outbox.subscriptions when it starts and again whenever
+ * The worker reads its row of outbox.subscriptions when it starts and again whenever
  * the SQL API committed a change (subscribe, unsubscribe, pause, resume,
  * seek, retry bump the worker's control counter) or a batch failed for a
  * reason other than a handler.  A subscription consumes only when it is
@@ -14,7 +14,7 @@
  *	- not owned by a superuser while outbox.inbox_superuser_subscriptions is
  *	  off,
  *	- and its handler (if any) still resolves.
- * A consumer of a subscription that stays is kept across reloads; its
+ * Its consumer is kept across reloads while the settings stay; its
  * partitions are assigned again from the offsets in the table.
  *
  *-------------------------------------------------------------------------
@@ -35,23 +35,27 @@ static InboxSubscription *subscription_from_row(HeapTuple row, TupleDesc desc);
 
 /*
  * inbox_load_subscriptions
- *		Read this database's subscriptions (with SPI connected, in a
- *		transaction) into a new List (in TopMemoryContext) of
- *		InboxSubscription, each in a memory context of its own, without
- *		partitions.  Consumers of old that match a
- *		new entry by name and still fit the settings move over; old is freed
- *		with what is left of it.  *any: whether any subscription exists.
+ *		Read subscription name (with SPI connected, in a transaction) into a
+ *		new List (in TopMemoryContext) of one InboxSubscription, in a memory
+ *		context of its own, without partitions, for the worker of slice of
+ *		nslices.  A consumer of old that still fits the settings moves over;
+ *		old is freed with what is left of it.  *any: whether the
+ *		subscription exists (the List is NIL if not).
  */
 List *
-inbox_load_subscriptions(List *old, bool *any)
+inbox_load_subscriptions(List *old, const char *name, int slice, int nslices,
+						 bool *any)
 {
+	Datum		args[1];
+
 	List	   *subs = NIL;
 	int			ret;
 	uint64		i;
 	ListCell   *lc;
 	MemoryContext oldcxt;
 
-	ret = SPI_execute("SELECT s.name, s.owner::pg_catalog.oid, s.topics, s.handler,"
+	args[0] = CStringGetTextDatum(name);
+	ret = SPI_execute_with_args("SELECT s.name, s.owner::pg_catalog.oid, s.topics, s.handler,"
 					  "       pg_catalog.to_regprocedure(s.handler)::pg_catalog.oid,"
 					  "       s.on_failed_event = 'hold', s.dedupe, s.start_from, s.started, s.paused,"
 					  "       s.system_identifier <> (SELECT c.system_identifier FROM pg_catalog.pg_control_system() AS c)"
@@ -59,8 +63,8 @@ inbox_load_subscriptions(List *old, bool *any)
 					  "                               WHERE d.datname = pg_catalog.current_database())"
 					  "           AND s.database_name <> pg_catalog.current_database()),"
 					  "       EXISTS (SELECT 1 FROM outbox.inbox_dead AS x WHERE x.subscription = s.name AND x.retry)"
-					  "  FROM outbox.subscriptions AS s ORDER BY s.name",
-					  true, 0);
+					  "  FROM outbox.subscriptions AS s WHERE s.name = $1",
+					  1, (Oid[]) {TEXTOID}, args, NULL, true, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "outbox inbox: reading the subscriptions failed: %s",
 			 SPI_result_code_string(ret));
@@ -70,6 +74,11 @@ inbox_load_subscriptions(List *old, bool *any)
 		InboxSubscription *sub = subscription_from_row(SPI_tuptable->vals[i],
 													   SPI_tuptable->tupdesc);
 
+		sub->slice = slice;
+		sub->nslices = nslices;
+		/* dead letters are retried by slice 0 alone: never twice at once */
+		if (slice != 0)
+			sub->retry_pending = false;
 		oldcxt = MemoryContextSwitchTo(TopMemoryContext);
 		subs = lappend(subs, sub);
 		MemoryContextSwitchTo(oldcxt);
@@ -80,7 +89,7 @@ inbox_load_subscriptions(List *old, bool *any)
 		InboxSubscription *sub = lfirst(lc);
 		ListCell   *oc;
 
-		if (!inbox_subscription_active(sub))
+		if (sub->copy)
 			continue;
 		foreach(oc, old)
 		{
@@ -233,7 +242,8 @@ inbox_note_missing_topic(InboxSubscription *sub, const char *topic)
 
 	for (t = 0; t < sub->ntopics; t++)
 	{
-		if (strcmp(sub->topics[t], topic) != 0)
+		/* slice 0 shows it, once */
+		if (strcmp(sub->topics[t], topic) != 0 || sub->slice != 0)
 			continue;
 		if (sub->topic_status[t] < 0)
 			sub->topic_status[t] = inbox_status_claim(sub->name, topic, -1);

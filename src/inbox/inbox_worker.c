@@ -1,24 +1,27 @@
 /*-------------------------------------------------------------------------
  *
  * inbox_worker.c
- *	  The inbox worker: start-up and main loop.
+ *	  An inbox worker: start-up and main loop.
  *
- * The launcher starts one per covered database (inbox_launcher.c), in one
- * of the outbox.max_workers slots the relays use.  The worker connects to
- * the database as the bootstrap superuser (it must become each
- * subscription's role to call its handler; the handler itself never runs
- * as a superuser, see inbox_handler.c) and exits at once, with code 0, when
- * the database has no subscription: the launcher then starts none there
- * until outbox.subscribe() commits.
+ * Its database's inbox launcher (inbox_launcher.c) starts one per slice
+ * of each subscription: it applies that subscription's partitions of its
+ * slice (inbox_partition_slice()), and nothing else, so a slow handler
+ * holds only its own subscription.  The worker connects as the bootstrap
+ * superuser (it must become the subscription's role to call its handler;
+ * the handler itself never runs as a superuser, see inbox_handler.c) and
+ * exits with code 0 when its subscription is gone or the extension was
+ * dropped.
  *
- * The loop, like the relay's (worker.c): reload the subscriptions when the
- * SQL API changed them; look for new partitions now and then; apply what
- * each subscription's consumer has fetched, a batch per transaction; sleep
- * on the latch and librdkafka's wake-up pipe.  Errors that escape a step
- * are logged, shown in outbox.inbox_status and followed by a backoff; the
- * worker then reads its offsets again, so nothing it consumed but did not
- * commit is lost.  SIGTERM ends it at the next CHECK_FOR_INTERRUPTS
- * (never inside librdkafka): a batch not committed is consumed again.
+ * The loop, like the relay's (worker.c): read the subscription again when
+ * the SQL API changed it; look for new partitions now and then; apply what
+ * the consumer has fetched, a batch per transaction; sleep on the latch
+ * and librdkafka's wake-up pipe.  A paused subscription, or a restored
+ * copy, is read but not consumed: its worker only shows its partitions
+ * and their high watermarks.  Errors that escape a step are logged, shown
+ * in outbox.inbox_status and followed by a backoff; the worker then reads
+ * its offsets again, so nothing it consumed but did not commit is lost.
+ * SIGTERM ends it at the next CHECK_FOR_INTERRUPTS (never inside
+ * librdkafka): a batch not committed is consumed again.
  *
  *-------------------------------------------------------------------------
  */
@@ -55,15 +58,17 @@
 #define REFRESH_MS				10000
 /* ... and while a subscription has none yet or Kafka is down */
 #define REFRESH_BUSY_MS			2000
+/* dead letters in a row, none applied, that make the state failing */
+#define FAILING_IN_A_ROW		10
 /* how long one topic's metadata may take (ms) */
 #define METADATA_TIMEOUT_MS		2000
 /* longest sleep between two passes (ms) */
 #define IDLE_NAP_MS				1000
 
-static List *subscriptions = NIL;
+static List *subscriptions = NIL;	/* its subscription, or NIL */
 static MemoryContext pass_context = NULL;
 static int	wakeup_fd[2] = {-1, -1};
-static const char *inbox_database = NULL;
+static InboxWorkerArgs worker_args;
 
 /* state that must survive the longjmp of an error */
 static int	error_backoff_ms = 0;
@@ -76,7 +81,9 @@ static int	batch_count = 0;
 
 pg_noreturn static void inbox_loop(void);
 static void recover_from_error(void);
-static bool inbox_has_subscriptions(void);
+static bool extension_exists(void);
+pg_noreturn static void exit_gone(const char *why);
+static void watch_paused(InboxSubscription *sub);
 static void reload(void);
 static void refresh(bool force);
 static int	apply_ready(void);
@@ -87,23 +94,22 @@ static void free_consumers_at_exit(int code, Datum arg);
 static void forget_plans(void);
 
 /*
- * outbox_inbox_main
- *		Entry point of an inbox worker, started by the launcher; main_arg is
- *		its slot in shared memory, bgw_extra an InboxArgs naming the
- *		database.  Never returns (see the file header).
+ * outbox_inbox_worker_main
+ *		Entry point of an inbox worker, started by its inbox launcher;
+ *		main_arg is its entry in the pool, bgw_extra an InboxWorkerArgs
+ *		naming the database, the subscription and the slice.  Never returns
+ *		(see the file header).
  */
 void
-outbox_inbox_main(Datum main_arg)
+outbox_inbox_worker_main(Datum main_arg)
 {
-	InboxArgs	args;
-
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, inbox_attempts_sigterm);
 	BackgroundWorkerUnblockSignals();
 
-	memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
-	inbox_database = MemoryContextStrdup(TopMemoryContext, args.dbname);
-	BackgroundWorkerInitializeConnectionByOid(args.dboid, InvalidOid, 0);
+	memcpy(&worker_args, MyBgworkerEntry->bgw_extra, sizeof(worker_args));
+	inbox_worker_register(DatumGetInt32(main_arg), worker_args.generation);
+	BackgroundWorkerInitializeConnectionByOid(worker_args.dboid, InvalidOid, 0);
 
 	/* the worker's own statements never resolve a name through users' schemas */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
@@ -114,7 +120,6 @@ outbox_inbox_main(Datum main_arg)
 	/* the offsets are written in every batch: a read-only default would loop */
 	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
-	inbox_shmem_register(DatumGetInt32(main_arg));
 	on_proc_exit(free_consumers_at_exit, (Datum) 0);
 	if (pipe(wakeup_fd) != 0 ||
 		fcntl(wakeup_fd[0], F_SETFL, O_NONBLOCK) != 0 ||
@@ -126,47 +131,40 @@ outbox_inbox_main(Datum main_arg)
 	batch = MemoryContextAlloc(TopMemoryContext,
 							   sizeof(rd_kafka_message_t *) * 100000);
 	outbox_reload_config_file();
-
-	if (!inbox_has_subscriptions())
-	{
-		ereport(DEBUG1,
-				(errmsg("outbox inbox for database \"%s\" exits: no subscription",
-						inbox_database)));
-		inbox_shmem_note_no_subscriptions();
-		proc_exit(0);
-	}
-	inbox_shmem_note_serving();
-	ereport(LOG,
-			(errmsg("outbox inbox started for database \"%s\"", inbox_database)));
+	ereport(DEBUG1,
+			(errmsg("outbox inbox started for subscription \"%s\" (slice %d of %d)",
+					worker_args.subscription, worker_args.slice + 1,
+					worker_args.nslices)));
 	inbox_attempts_begin(MyDatabaseId);
 	inbox_loop();
 }
 
 /*
- * Does the database have the extension (at 1.8 or later) and a
- * subscription?  Its own transaction.
+ * Does the database have the extension (at 1.8 or later)?  Its own
+ * transaction.
  */
 static bool
-inbox_has_subscriptions(void)
+extension_exists(void)
 {
-	bool		any = false;
+	bool		exists;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	if (OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true)) &&
+	exists = OidIsValid(get_extension_oid(OUTBOX_EXTENSION_NAME, true)) &&
 		OidIsValid(get_relname_relid("subscriptions",
-									 get_namespace_oid(OUTBOX_SCHEMA, true))))
-	{
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		any = SPI_execute("SELECT 1 FROM outbox.subscriptions LIMIT 1", true, 1) == SPI_OK_SELECT &&
-			SPI_processed > 0;
-		SPI_finish();
-	}
-	PopActiveSnapshot();
+									 get_namespace_oid(OUTBOX_SCHEMA, true)));
 	CommitTransactionCommand();
-	return any;
+	return exists;
+}
+
+/* exit with code 0: the subscription or the extension is gone */
+static void
+exit_gone(const char *why)
+{
+	ereport(LOG,
+			(errmsg("outbox inbox for subscription \"%s\" exits: %s",
+					worker_args.subscription, why)));
+	proc_exit(0);
 }
 
 static void
@@ -187,6 +185,12 @@ inbox_loop(void)
 		{
 			ConfigReloadPending = false;
 			outbox_reload_config_file();
+			inbox_config_reloaded = true;
+		}
+		/* a reload, here or before a handler call (inbox_handler.c) */
+		if (inbox_config_reloaded)
+		{
+			inbox_config_reloaded = false;
 			reload_pending = true;
 		}
 		MemoryContextReset(pass_context);
@@ -209,182 +213,177 @@ inbox_loop(void)
 }
 
 /*
- * Read the subscriptions and their offsets again, build the consumers that
- * are missing, and assign every partition from the table.  Exits (code 0,
- * launcher told) when no subscription is left.
+ * Read the subscription and its offsets again, build the consumer if it is
+ * missing, and assign this slice's partitions from the table.  Exits (code
+ * 0) when the subscription or the extension is gone.
  */
 static void
 reload(void)
 {
 	bool		any;
-	ListCell   *lc;
+	InboxSubscription *sub;
+	const char *problem;
 	char	   *refusal;
+	int			i;
 
 	loaded_seq = inbox_shmem_control_seq();
 	inbox_status_release_all();
 	forget_plans();
-	/* DROP EXTENSION outbox (or its last subscription) ends the worker */
-	if (!inbox_has_subscriptions())
-	{
-		ereport(LOG,
-				(errmsg("outbox inbox for database \"%s\" exits: no subscription left",
-						inbox_database)));
-		inbox_shmem_note_no_subscriptions();
-		proc_exit(0);
-	}
+	if (!extension_exists())
+		exit_gone("the extension was dropped");
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	subscriptions = inbox_load_subscriptions(subscriptions, &any);
+	subscriptions = inbox_load_subscriptions(subscriptions, worker_args.subscription,
+											 worker_args.slice, worker_args.nslices,
+											 &any);
 	if (!any)
 	{
 		SPI_finish();
 		PopActiveSnapshot();
 		CommitTransactionCommand();
-		ereport(LOG,
-				(errmsg("outbox inbox for database \"%s\" exits: no subscription left",
-						inbox_database)));
-		inbox_shmem_note_no_subscriptions();
-		proc_exit(0);
+		exit_gone("it was dropped");
 	}
+	sub = linitial(subscriptions);
 	refusal = outbox_refusal_of(OUTBOX_REFUSABLE_INBOX_KAFKA_PROPERTIES);
-	foreach(lc, subscriptions)
-	{
-		InboxSubscription *sub = lfirst(lc);
-		const char *problem = inbox_subscription_problem(sub);
-		int			i;
-
-		if (sub->paused || sub->copy)
-			continue;
+	problem = inbox_subscription_problem(sub);
+	if (!sub->copy)
 		inbox_offsets_load(sub);
-		for (i = 0; problem != NULL && i < sub->npartitions; i++)
-			inbox_status_set(sub->partitions[i].status, INBOX_STATE_ERROR, problem);
-		if (problem != NULL || refusal != NULL || outbox_inbox_servers()[0] == '\0')
-			continue;
+	for (i = 0; i < sub->npartitions; i++)
+		inbox_status_set(sub->partitions[i].status,
+						 sub->paused ? INBOX_STATE_PAUSED : INBOX_STATE_ERROR,
+						 sub->paused ? NULL : problem);
+	if (refusal != NULL)
+		inbox_set_state(INBOX_STATE_CONFIG_ERROR, refusal);
+	else if (problem != NULL && !sub->paused && !sub->copy)
+		inbox_set_state(INBOX_STATE_ERROR, problem);
+	else if (!sub->copy && outbox_inbox_servers()[0] != '\0')
+	{
 		if (sub->consumer == NULL)
 		{
 			char	   *error = NULL;
 
 			sub->consumer = inbox_consumer_create(sub, wakeup_fd[1], &error);
 			if (sub->consumer == NULL)
-			{
 				inbox_set_state(INBOX_STATE_CONFIG_ERROR, error);
-				continue;
-			}
 		}
-		inbox_offsets_resolve_seeks(sub);
-		sub->reassign = true;
+		if (sub->consumer != NULL && !sub->paused)
+			inbox_offsets_resolve_seeks(sub);
 	}
+	/* one that does not consume keeps its consumer, with nothing assigned */
+	if (sub->consumer != NULL)
+		sub->reassign = true;
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
-	if (refusal != NULL)
-		inbox_set_state(INBOX_STATE_CONFIG_ERROR, refusal);
 	reload_pending = false;
 	last_refresh = 0;
 }
 
 /*
- * Look for new partitions (and topics) of every consuming subscription:
- * every REFRESH_MS, more often while one has no partition yet, and at once
- * when force.  Assigns the consumers whose partitions changed.
+ * Look for new partitions (and topics) of the subscription: every
+ * REFRESH_MS, more often while it has no partition yet or Kafka is down,
+ * and at once when force.  Assigns the consumer when its partitions
+ * changed.  A paused subscription only has its high watermarks read.
  */
 static void
 refresh(bool force)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	InboxSubscription *sub = subscriptions != NIL ? linitial(subscriptions) : NULL;
 	bool		due = force || last_refresh == 0 ||
 		TimestampDifferenceExceeds(last_refresh, now, REFRESH_MS);
-	ListCell   *lc;
+	char		why[OUTBOX_ERROR_LEN];
 
-	foreach(lc, subscriptions)
-	{
-		InboxSubscription *sub = lfirst(lc);
-
-		if (sub->consumer != NULL && sub->npartitions < sub->ntopics &&
-			TimestampDifferenceExceeds(last_refresh, now, REFRESH_BUSY_MS))
-			due = true;
-	}
+	if (sub == NULL || sub->copy)
+		return;
+	if (sub->consumer != NULL &&
+		(sub->npartitions < sub->ntopics || inbox_consumer_broker_down(sub, why, sizeof(why))) &&
+		TimestampDifferenceExceeds(last_refresh, now, REFRESH_BUSY_MS))
+		due = true;
 	/* a handler created again, a setting allowing superusers: look again */
 	if (TimestampDifferenceExceeds(last_problem_look, now, REFRESH_MS))
 	{
 		last_problem_look = now;
-		foreach(lc, subscriptions)
-		{
-			InboxSubscription *sub = lfirst(lc);
-
-			if (!sub->paused && !sub->copy && inbox_subscription_problem(sub) != NULL)
-				reload_pending = true;
-		}
+		if (!sub->paused && inbox_subscription_problem(sub) != NULL)
+			reload_pending = true;
 	}
-	if (due)
-	{
-		last_refresh = now;
-		SetCurrentStatementStartTimestamp();
-		StartTransactionCommand();
-		PushActiveSnapshot(GetTransactionSnapshot());
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		foreach(lc, subscriptions)
-		{
-			InboxSubscription *sub = lfirst(lc);
+	if (sub->reassign && sub->consumer != NULL)
+		inbox_consumer_assign(sub);
+	if (!due || sub->consumer == NULL)
+		return;
+	last_refresh = now;
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (sub->paused)
+		watch_paused(sub);
+	else if (inbox_consumer_refresh(sub, METADATA_TIMEOUT_MS))
+		inbox_offsets_resolve_seeks(sub);
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	if (sub->reassign)
+		inbox_consumer_assign(sub);
+}
 
-			if (sub->consumer == NULL)
-				continue;
-			if (inbox_consumer_refresh(sub, METADATA_TIMEOUT_MS))
-				inbox_offsets_resolve_seeks(sub);
-		}
-		SPI_finish();
-		PopActiveSnapshot();
-		CommitTransactionCommand();
-	}
-	foreach(lc, subscriptions)
-	{
-		InboxSubscription *sub = lfirst(lc);
+/*
+ * A paused subscription: ask Kafka for the high watermark of each of its
+ * partitions in this slice, so that outbox.inbox_status shows the lag that
+ * builds up; stops between two requests when asked to exit.
+ */
+static void
+watch_paused(InboxSubscription *sub)
+{
+	int			i;
 
-		if (sub->consumer != NULL && sub->reassign)
-			inbox_consumer_assign(sub);
+	for (i = 0; i < sub->npartitions; i++)
+	{
+		InboxPartition *p = &sub->partitions[i];
+		int64		high;
+
+		CHECK_FOR_INTERRUPTS();
+		if (p->status < 0)
+			continue;
+		if (!inbox_consumer_resolve_end(sub, p->topic, p->partition, &high))
+			break;
+		inbox_status_watermark(p->status, high);
+		inbox_status_set(p->status, INBOX_STATE_PAUSED, NULL);
 	}
 }
 
 /*
- * Apply what the consumers have fetched: per subscription, retried dead
- * letters first, then batches of records.  Returns the records applied
- * (any outcome), 0 when nothing was waiting.
+ * Apply what the consumer has fetched: retried dead letters first (slice 0
+ * only, so that no letter is retried twice at once), then a batch of
+ * records.  Returns the records applied (any outcome), 0 when nothing was
+ * waiting.
  */
 static int
 apply_ready(void)
 {
-	int			total = 0;
-	ListCell   *lc;
+	InboxSubscription *sub = subscriptions != NIL ? linitial(subscriptions) : NULL;
+	int			n;
 
-	foreach(lc, subscriptions)
+	if (sub == NULL || sub->consumer == NULL || !inbox_subscription_active(sub))
+		return 0;
+	if (sub->retry_pending)
+		inbox_retry_dead(sub);
+	if (sub->reassign)
+		inbox_consumer_assign(sub);
+	n = inbox_consumer_poll(sub, batch, outbox_inbox_batch_size,
+							outbox_inbox_batch_wait);
+	if (n > 0)
 	{
-		InboxSubscription *sub = lfirst(lc);
-		int			n;
-
-		if (sub->consumer == NULL)
-			continue;
-		if (sub->retry_pending)
-			inbox_retry_dead(sub);
-		if (sub->reassign)
-			inbox_consumer_assign(sub);
-		n = inbox_consumer_poll(sub, batch, outbox_inbox_batch_size,
-								outbox_inbox_batch_wait);
-		if (n == 0)
-		{
-			inbox_consumer_watermarks(sub);
-			continue;
-		}
 		batch_count = n;
 		inbox_apply_batch(sub, batch, n);
 		drop_batch();
-		inbox_consumer_watermarks(sub);
-		total += n;
 	}
-	return total;
+	inbox_consumer_watermarks(sub);
+	return n;
 }
 
 /* destroy the records of the batch in hand */
@@ -399,35 +398,32 @@ drop_batch(void)
 }
 
 /*
- * The worker's state: not_configured without servers, broker_down while
- * a consumer reaches no broker, running otherwise (config_error stays
- * until a reload fixes it).
+ * The worker's state: not_configured without servers, paused, broker_down
+ * while the consumer reaches no broker, failing while every recent event
+ * became a dead letter, running otherwise (config_error and error stay
+ * until a reload fixes them).
  */
 static void
 show_worker_state(void)
 {
-	ListCell   *lc;
+	InboxSubscription *sub = subscriptions != NIL ? linitial(subscriptions) : NULL;
 	char		why[OUTBOX_ERROR_LEN];
 
+	if (sub == NULL || sub->copy)
+		return;
 	if (outbox_inbox_servers()[0] == '\0')
-	{
 		inbox_set_state(INBOX_STATE_NOT_CONFIGURED,
 						"outbox.inbox_bootstrap_servers and outbox.bootstrap_servers are empty");
-		return;
-	}
-	foreach(lc, subscriptions)
-	{
-		if (inbox_consumer_broker_down(lfirst(lc), why, sizeof(why)))
-		{
-			inbox_set_state(INBOX_STATE_BROKER_DOWN, why);
-			return;
-		}
-	}
-	foreach(lc, subscriptions)
-		if (((InboxSubscription *) lfirst(lc))->consumer == NULL &&
-			inbox_subscription_active(lfirst(lc)))
-			return;				/* config_error, shown by reload() */
-	inbox_set_state(INBOX_STATE_RUNNING, NULL);
+	else if (sub->consumer == NULL || (!sub->paused && !inbox_subscription_active(sub)))
+		return;					/* config_error or error, shown by reload() */
+	else if (sub->paused)
+		inbox_set_state(INBOX_STATE_PAUSED, NULL);
+	else if (inbox_consumer_broker_down(sub, why, sizeof(why)))
+		inbox_set_state(INBOX_STATE_BROKER_DOWN, why);
+	else if (inbox_failing(FAILING_IN_A_ROW, why, sizeof(why)))
+		inbox_set_state(INBOX_STATE_FAILING, why);
+	else
+		inbox_set_state(INBOX_STATE_RUNNING, NULL);
 }
 
 /*
@@ -461,8 +457,14 @@ recover_from_error(void)
 
 	error_context_stack = NULL;
 	HOLD_INTERRUPTS();
-	EmitErrorReport();
 	AbortCurrentTransaction();
+	/* DROP EXTENSION outbox makes every step fail: exit without an ERROR */
+	if (!extension_exists())
+	{
+		FlushErrorState();
+		exit_gone("the extension was dropped");
+	}
+	EmitErrorReport();
 	LWLockReleaseAll();
 	pgstat_report_wait_end();
 	(void) inbox_handler_cleanup();
@@ -494,7 +496,7 @@ forget_plans(void)
 }
 
 /*
- * on_proc_exit: drop the consumers, so that librdkafka's threads end before
+ * on_proc_exit: drop the consumer, so that librdkafka's threads end before
  * the process does (without waiting for brokers).
  */
 static void

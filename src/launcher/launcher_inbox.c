@@ -209,8 +209,8 @@ inbox_launcher_serve(LauncherDb *db, TimestampTz now, long *nap)
 	memset(&args, 0, sizeof(args));
 	args.dboid = db->dboid;
 	strlcpy(args.dbname, db->name, NAMEDATALEN);
-	outbox_init_bgworker(&bgw, "outbox_inbox_main", "outbox inbox", BGW_NEVER_RESTART);
-	snprintf(bgw.bgw_name, BGW_MAXLEN, "outbox inbox for database \"%s\"", db->name);
+	outbox_init_bgworker(&bgw, "outbox_inbox_main", "outbox inbox launcher", BGW_NEVER_RESTART);
+	snprintf(bgw.bgw_name, BGW_MAXLEN, "outbox inbox launcher for database \"%s\"", db->name);
 	bgw.bgw_main_arg = Int32GetDatum(in->slot);
 	bgw.bgw_notify_pid = MyProcPid;
 	StaticAssertStmt(sizeof(InboxArgs) <= BGW_EXTRALEN, "InboxArgs does not fit in bgw_extra");

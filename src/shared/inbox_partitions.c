@@ -21,7 +21,7 @@
 /*
  * inbox_status_claim
  *		Take a free partition entry for (subscription, topic, partition) of
- *		the calling worker (partition -1: a topic that does not exist yet);
+ *		the calling inbox worker (partition -1: a topic that does not exist yet);
  *		returns its index, or -1 when the pool is used up (the partition
  *		then shows no live state).
  */
@@ -30,7 +30,7 @@ inbox_status_claim(const char *subscription, const char *topic, int32 partition)
 {
 	int			i;
 
-	if (inbox_my_slot < 0)
+	if (inbox_my_entry < 0)
 		return -1;
 	for (i = 0; i < INBOX_STATUS_PARTITIONS; i++)
 	{
@@ -40,7 +40,7 @@ inbox_status_claim(const char *subscription, const char *topic, int32 partition)
 		SpinLockAcquire(&p->mutex);
 		if (p->owner < 0)
 		{
-			p->owner = inbox_my_slot;
+			p->owner = inbox_my_entry;
 			p->pid = MyProcPid;
 			p->dboid = MyDatabaseId;
 			strlcpy(p->subscription, subscription, NAMEDATALEN);
@@ -69,14 +69,14 @@ inbox_status_release_all(void)
 {
 	int			i;
 
-	if (inbox_my_slot < 0 || inbox_shared == NULL)
+	if (inbox_my_entry < 0 || inbox_shared == NULL)
 		return;
 	for (i = 0; i < INBOX_STATUS_PARTITIONS; i++)
 	{
 		InboxPartitionShared *p = &inbox_shared->partitions[i];
 
 		SpinLockAcquire(&p->mutex);
-		if (p->owner == inbox_my_slot && p->pid == MyProcPid)
+		if (p->owner == inbox_my_entry && p->pid == MyProcPid)
 			p->owner = -1;
 		SpinLockRelease(&p->mutex);
 	}

@@ -3,27 +3,31 @@
  * inbox_shmem.c
  *	  Shared-memory state of the inbox workers.
  *
- * An inbox worker runs in a slot of outbox_shared (shmem.c), the same
- * outbox.max_workers slots the relays run in, marked inbox there so that
- * the relays' code passes it by.  What only the inbox has lives here, in
- * an area of its own:
- *	- per slot: the worker's state, counters and last error, and a control
+ * A database's inbox launcher runs in a slot of outbox_shared (shmem.c),
+ * the same outbox.max_workers slots the relays run in, marked inbox there
+ * so that the relays' code passes it by; its inbox workers run in entries
+ * of a pool of their own (inbox_workers.c).  What only the inbox has lives
+ * here, in an area of its own:
+ *	- per slot: the inbox launcher's state and last error, and a control
  *	  counter that subscribe(), seek() and the like bump at commit;
+ *	- per pool entry: an inbox worker's subscription and slice, its state,
+ *	  counters and last error, and its own control counter;
  *	- a pool of INBOX_STATUS_PARTITIONS partition entries: each
  *	  (subscription, topic, partition) a worker consumes, with Kafka's high
- *	  watermark, its state and its last error, for outbox.inbox_status;
- *	- the databases where a subscription committed while no inbox worker
+ *	  watermark, its state and its last error, for outbox.inbox_status
+ *	  (inbox_partitions.c);
+ *	- the databases where a subscription committed while no inbox launcher
  *	  ran there, for the launcher to start one at once.
  * Every entry has its own spinlock, held for a copy only, so reading the
- * status never keeps a worker waiting.  The pool's functions are in
- * inbox_partitions.c.  The area starts zeroed after a crash
- * restart, like the relays' slots.
+ * status never keeps a worker waiting.  The area starts zeroed after a
+ * crash restart, like the relays' slots.
  *
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
 #include "shared/inbox_shmem.h"
 #include "config/guc.h"
+#include "config/inbox_guc.h"
 #include "shared/shmem.h"
 
 #include "access/xact.h"
@@ -36,6 +40,7 @@
 
 InboxShared *inbox_shared = NULL;
 int			inbox_my_slot = -1;
+int			inbox_my_entry = -1;
 static bool wake_callback_registered = false;
 static bool wake_at_commit = false;
 
@@ -44,15 +49,17 @@ static void inbox_xact_callback(XactEvent event, void *arg);
 
 /*
  * outbox_inbox_shmem_size
- *		Bytes the inbox asks for, with outbox.max_workers slots (shmem.c adds
- *		them to its request).
+ *		Bytes the inbox asks for, with outbox.max_workers launcher slots and
+ *		outbox.inbox_max_workers worker entries (shmem.c adds them to its
+ *		request).
  */
 Size
 outbox_inbox_shmem_size(void)
 {
 	Size		size = MAXALIGN(sizeof(InboxShared));
 
-	size = add_size(size, MAXALIGN(mul_size(sizeof(InboxWorkerShared), outbox_max_workers)));
+	size = add_size(size, MAXALIGN(mul_size(sizeof(InboxLauncherShared), outbox_max_workers)));
+	size = add_size(size, MAXALIGN(mul_size(sizeof(InboxWorkerShared), outbox_inbox_max_workers)));
 	size = add_size(size, mul_size(sizeof(InboxPartitionShared), INBOX_STATUS_PARTITIONS));
 	return size;
 }
@@ -75,12 +82,17 @@ outbox_inbox_shmem_init(void)
 	base = (char *) inbox_shared;
 	memset(base, 0, outbox_inbox_shmem_size());
 	SpinLockInit(&inbox_shared->mutex);
-	inbox_shared->nworkers = outbox_max_workers;
-	inbox_shared->workers = (InboxWorkerShared *) (base + MAXALIGN(sizeof(InboxShared)));
-	inbox_shared->partitions = (InboxPartitionShared *)
-		(base + MAXALIGN(sizeof(InboxShared)) +
-		 MAXALIGN(sizeof(InboxWorkerShared) * outbox_max_workers));
+	base += MAXALIGN(sizeof(InboxShared));
+	inbox_shared->nlaunchers = outbox_max_workers;
+	inbox_shared->launchers = (InboxLauncherShared *) base;
+	base += MAXALIGN(sizeof(InboxLauncherShared) * outbox_max_workers);
+	inbox_shared->nworkers = outbox_inbox_max_workers;
+	inbox_shared->workers = (InboxWorkerShared *) base;
+	base += MAXALIGN(sizeof(InboxWorkerShared) * outbox_inbox_max_workers);
+	inbox_shared->partitions = (InboxPartitionShared *) base;
 	for (i = 0; i < outbox_max_workers; i++)
+		SpinLockInit(&inbox_shared->launchers[i].mutex);
+	for (i = 0; i < outbox_inbox_max_workers; i++)
 		SpinLockInit(&inbox_shared->workers[i].mutex);
 	for (i = 0; i < INBOX_STATUS_PARTITIONS; i++)
 	{
@@ -91,20 +103,20 @@ outbox_inbox_shmem_init(void)
 
 /*
  * inbox_shmem_register
- *		Publish the calling inbox worker in slot (given by the launcher):
- *		pid, latch and database in outbox_shared, fresh counters here.
- *		Undone when the worker exits.
+ *		Publish the calling inbox launcher in slot (given by the launcher):
+ *		pid, latch and database in outbox_shared, a fresh state here.
+ *		Undone when it exits.
  */
 void
 inbox_shmem_register(int slot)
 {
 	OutboxRelaySlot *s;
-	InboxWorkerShared *w;
+	InboxLauncherShared *l;
 
 	if (outbox_shared == NULL || inbox_shared == NULL)
 		return;
 	if (slot < 0 || slot >= outbox_shared->nslots)
-		elog(FATAL, "outbox inbox started with slot %d of %d", slot,
+		elog(FATAL, "outbox inbox launcher started with slot %d of %d", slot,
 			 outbox_shared->nslots);
 	inbox_my_slot = slot;
 	s = &outbox_shared->slots[slot];
@@ -117,15 +129,14 @@ inbox_shmem_register(int slot)
 	s->connected = true;
 	SpinLockRelease(&s->mutex);
 
-	w = &inbox_shared->workers[slot];
-	SpinLockAcquire(&w->mutex);
-	w->no_subscriptions = false;
-	w->serving = false;
-	w->state = INBOX_STATE_STARTING;
-	w->applied = w->dead = w->errors = 0;
-	w->last_applied_at = w->last_error_at = 0;
-	w->last_error[0] = '\0';
-	SpinLockRelease(&w->mutex);
+	l = &inbox_shared->launchers[slot];
+	SpinLockAcquire(&l->mutex);
+	l->no_subscriptions = false;
+	l->serving = false;
+	l->state = INBOX_STATE_STARTING;
+	l->last_error_at = 0;
+	l->last_error[0] = '\0';
+	SpinLockRelease(&l->mutex);
 
 	before_shmem_exit(inbox_shmem_unregister, (Datum) 0);
 }
@@ -135,7 +146,6 @@ inbox_shmem_unregister(int code, Datum arg)
 {
 	OutboxRelaySlot *s = &outbox_shared->slots[inbox_my_slot];
 
-	inbox_status_release_all();
 	SpinLockAcquire(&s->mutex);
 	if (s->worker_pid == MyProcPid)
 	{
@@ -145,138 +155,178 @@ inbox_shmem_unregister(int code, Datum arg)
 	SpinLockRelease(&s->mutex);
 }
 
+/* the calling inbox launcher's entry, or NULL */
+static InboxLauncherShared *
+my_launcher(void)
+{
+	if (inbox_my_slot < 0 || inbox_shared == NULL)
+		return NULL;
+	return &inbox_shared->launchers[inbox_my_slot];
+}
+
 /*
  * inbox_shmem_note_no_subscriptions
  *		Tell the launcher, before exiting with code 0, that this database
- *		has nothing to consume: it starts no inbox worker here again until a
- *		subscription commits (outbox_inbox_wake) or a while has passed.
+ *		has nothing to consume: it starts no inbox launcher here again until
+ *		a subscription commits (outbox_inbox_wake) or a while has passed.
  */
 void
 inbox_shmem_note_no_subscriptions(void)
 {
-	InboxWorkerShared *w;
+	InboxLauncherShared *l = my_launcher();
 
-	if (inbox_my_slot < 0)
+	if (l == NULL)
 		return;
-	w = &inbox_shared->workers[inbox_my_slot];
-	SpinLockAcquire(&w->mutex);
-	w->no_subscriptions = true;
-	SpinLockRelease(&w->mutex);
+	SpinLockAcquire(&l->mutex);
+	l->no_subscriptions = true;
+	SpinLockRelease(&l->mutex);
 }
 
 /*
  * inbox_shmem_note_serving
- *		The calling worker found subscriptions and stays: from now on the
- *		status views show it (a worker that only looked and exits never
+ *		The calling inbox launcher found subscriptions and stays: from now on
+ *		the status views show it (one that only looked and exits never
  *		shows).
  */
 void
 inbox_shmem_note_serving(void)
 {
-	InboxWorkerShared *w;
+	InboxLauncherShared *l = my_launcher();
 
-	if (inbox_my_slot < 0)
+	if (l == NULL)
 		return;
-	w = &inbox_shared->workers[inbox_my_slot];
-	SpinLockAcquire(&w->mutex);
-	w->serving = true;
-	SpinLockRelease(&w->mutex);
+	SpinLockAcquire(&l->mutex);
+	l->serving = true;
+	SpinLockRelease(&l->mutex);
 }
 
 /*
  * inbox_shmem_slot_idle
- *		Launcher: did the inbox worker that ran in slot exit for want of
+ *		Launcher: did the inbox launcher that ran in slot exit for want of
  *		subscriptions?  Clears the mark.
  */
 bool
 inbox_shmem_slot_idle(int slot)
 {
-	InboxWorkerShared *w = &inbox_shared->workers[slot];
+	InboxLauncherShared *l = &inbox_shared->launchers[slot];
 	bool		idle;
 
-	SpinLockAcquire(&w->mutex);
-	idle = w->no_subscriptions;
-	w->no_subscriptions = false;
-	SpinLockRelease(&w->mutex);
+	SpinLockAcquire(&l->mutex);
+	idle = l->no_subscriptions;
+	l->no_subscriptions = false;
+	SpinLockRelease(&l->mutex);
 	return idle;
 }
 
 /*
  * inbox_shmem_control_seq
  *		How many control commits (subscribe, pause, seek, retry, ...) the
- *		calling worker's slot has seen: a change makes it reload.
+ *		calling inbox launcher or inbox worker has seen: a change makes it
+ *		look at its subscriptions again.
  */
 uint32
 inbox_shmem_control_seq(void)
 {
-	InboxWorkerShared *w;
-	uint32		seq;
+	uint32		seq = 0;
 
-	if (inbox_my_slot < 0)
+	if (inbox_shared == NULL)
 		return 0;
-	w = &inbox_shared->workers[inbox_my_slot];
-	SpinLockAcquire(&w->mutex);
-	seq = w->control_seq;
-	SpinLockRelease(&w->mutex);
+	if (inbox_my_entry >= 0)
+	{
+		InboxWorkerShared *w = &inbox_shared->workers[inbox_my_entry];
+
+		SpinLockAcquire(&w->mutex);
+		seq = w->control_seq;
+		SpinLockRelease(&w->mutex);
+	}
+	else if (inbox_my_slot >= 0)
+	{
+		InboxLauncherShared *l = &inbox_shared->launchers[inbox_my_slot];
+
+		SpinLockAcquire(&l->mutex);
+		seq = l->control_seq;
+		SpinLockRelease(&l->mutex);
+	}
 	return seq;
 }
 
 /*
- * inbox_set_state
- *		The worker's own state for outbox.cluster_status() and the worker
- *		row of outbox.inbox_worker_partitions(); error, if not NULL, becomes
- *		its last error (the caller makes sure it holds no secret).
+ * inbox_launcher_set_state
+ *		The inbox launcher's own state (running, or waiting_for_worker while
+ *		a subscription has no worker) and, if error is not NULL, its last
+ *		error; running without an error clears it.
  */
 void
-inbox_set_state(InboxState state, const char *error)
+inbox_launcher_set_state(InboxState state, const char *error)
 {
-	InboxWorkerShared *w;
+	InboxLauncherShared *l = my_launcher();
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (inbox_my_slot < 0)
+	if (l == NULL)
 		return;
-	w = &inbox_shared->workers[inbox_my_slot];
-	SpinLockAcquire(&w->mutex);
-	w->state = state;
+	SpinLockAcquire(&l->mutex);
+	l->state = state;
 	if (error != NULL)
 	{
-		strlcpy(w->last_error, error, OUTBOX_ERROR_LEN);
-		w->last_error_at = now;
+		strlcpy(l->last_error, error, OUTBOX_ERROR_LEN);
+		l->last_error_at = now;
 	}
 	else if (state == INBOX_STATE_RUNNING)
-		w->last_error[0] = '\0';
-	SpinLockRelease(&w->mutex);
+		l->last_error[0] = '\0';
+	SpinLockRelease(&l->mutex);
 }
 
 /*
- * inbox_count
- *		Add a batch's records applied, dead letters and failed attempts to
- *		the worker's counters.
+ * inbox_shmem_copy_launcher
+ *		Status readers (inbox_status.c): copy slot's entry under its lock.
+ *		False if slot is out of range.
  */
-void
-inbox_count(int64 applied, int64 dead, int64 errors)
+bool
+inbox_shmem_copy_launcher(int slot, InboxLauncherCopy *out)
 {
-	InboxWorkerShared *w;
-	TimestampTz now = GetCurrentTimestamp();
+	InboxLauncherShared *l;
 
-	if (inbox_my_slot < 0)
-		return;
-	w = &inbox_shared->workers[inbox_my_slot];
-	SpinLockAcquire(&w->mutex);
-	w->applied += applied;
-	w->dead += dead;
-	w->errors += errors;
-	if (applied > 0)
-		w->last_applied_at = now;
-	SpinLockRelease(&w->mutex);
+	if (inbox_shared == NULL || slot < 0 || slot >= inbox_shared->nlaunchers)
+		return false;
+	l = &inbox_shared->launchers[slot];
+	SpinLockAcquire(&l->mutex);
+	out->serving = l->serving;
+	out->state = l->state;
+	out->last_error_at = l->last_error_at;
+	strlcpy(out->last_error, l->last_error, OUTBOX_ERROR_LEN);
+	SpinLockRelease(&l->mutex);
+	return true;
+}
+
+/* bump the control counter of every inbox worker of dboid, set their latches */
+static void
+wake_workers(Oid dboid)
+{
+	int			i;
+
+	for (i = 0; i < inbox_shared->nworkers; i++)
+	{
+		InboxWorkerShared *w = &inbox_shared->workers[i];
+		Latch	   *latch = NULL;
+
+		SpinLockAcquire(&w->mutex);
+		if (w->in_use && w->dboid == dboid)
+		{
+			w->control_seq++;
+			latch = w->latch;
+		}
+		SpinLockRelease(&w->mutex);
+		if (latch != NULL)
+			SetLatch(latch);
+	}
 }
 
 /*
  * outbox_inbox_wake
- *		Make the inbox worker of database dboid reload its subscriptions:
- *		bump its control counter and set its latch.  When none runs there,
- *		ask the launcher to start one.  Called at commit of the SQL API;
- *		raises no error.
+ *		Make the inbox launcher and the inbox workers of database dboid look
+ *		at their subscriptions again: bump their control counters and set
+ *		their latches.  When no inbox launcher runs there, ask the launcher
+ *		to start one.  Called at commit of the SQL API; raises no error.
  */
 void
 outbox_inbox_wake(Oid dboid)
@@ -286,6 +336,7 @@ outbox_inbox_wake(Oid dboid)
 
 	if (outbox_shared == NULL || inbox_shared == NULL)
 		return;
+	wake_workers(dboid);
 	for (i = 0; i < outbox_shared->nslots; i++)
 	{
 		OutboxRelaySlot *s = &outbox_shared->slots[i];
@@ -297,9 +348,9 @@ outbox_inbox_wake(Oid dboid)
 		SpinLockRelease(&s->mutex);
 		if (latch == NULL)
 			continue;
-		SpinLockAcquire(&inbox_shared->workers[i].mutex);
-		inbox_shared->workers[i].control_seq++;
-		SpinLockRelease(&inbox_shared->workers[i].mutex);
+		SpinLockAcquire(&inbox_shared->launchers[i].mutex);
+		inbox_shared->launchers[i].control_seq++;
+		SpinLockRelease(&inbox_shared->launchers[i].mutex);
 		SetLatch(latch);
 		found = true;
 	}
@@ -316,8 +367,8 @@ outbox_inbox_wake(Oid dboid)
 
 /*
  * outbox_inbox_wake_at_commit
- *		Wake this database's inbox worker (outbox_inbox_wake) when the
- *		current transaction commits; a rollback wakes nobody.
+ *		Wake this database's inbox (outbox_inbox_wake) when the current
+ *		transaction commits; a rollback wakes nobody.
  */
 void
 outbox_inbox_wake_at_commit(void)
@@ -354,7 +405,7 @@ inbox_xact_callback(XactEvent event, void *arg)
 /*
  * inbox_take_requests
  *		Launcher: the databases where a subscription committed while no
- *		inbox worker ran (up to max OIDs into dboids); returns how many.
+ *		inbox launcher ran (up to max OIDs into dboids); returns how many.
  *		*overflow: more did, any database may be one.
  */
 int
@@ -376,30 +427,3 @@ inbox_take_requests(Oid *dboids, int max, bool *overflow)
 	SpinLockRelease(&inbox_shared->mutex);
 	return n;
 }
-
-/*
- * inbox_shmem_copy_worker
- *		Status readers (inbox_status.c): copy the entry of slot under its
- *		lock.  False if slot is out of range.
- */
-bool
-inbox_shmem_copy_worker(int slot, InboxWorkerCopy *out)
-{
-	InboxWorkerShared *w;
-
-	if (inbox_shared == NULL || slot < 0 || slot >= inbox_shared->nworkers)
-		return false;
-	w = &inbox_shared->workers[slot];
-	SpinLockAcquire(&w->mutex);
-	out->serving = w->serving;
-	out->state = w->state;
-	out->applied = w->applied;
-	out->dead = w->dead;
-	out->errors = w->errors;
-	out->last_applied_at = w->last_applied_at;
-	out->last_error_at = w->last_error_at;
-	strlcpy(out->last_error, w->last_error, OUTBOX_ERROR_LEN);
-	SpinLockRelease(&w->mutex);
-	return true;
-}
-

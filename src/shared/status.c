@@ -48,6 +48,7 @@ typedef struct StatusRow
 static OutboxRelayState current_state = OUTBOX_STATE_STARTING;
 
 static void set_shared_state(OutboxRelayState state);
+static void clear_error(void);
 static const char *state_name(OutboxRelayState state);
 static bool relay_row(int n, StatusRow *row);
 static int	unserved_rows(StatusRow **rows);
@@ -115,9 +116,13 @@ outbox_enter_state(OutboxRelayState new_state, const char *error)
 			/* only what can tell: a batch went out, or there was none */
 			if (old_state == OUTBOX_STATE_BROKER_DOWN &&
 				(new_state == OUTBOX_STATE_IDLE || new_state == OUTBOX_STATE_PUBLISHING))
+			{
+				/* the broker's error is history now: the log keeps it */
+				clear_error();
 				ereport(LOG,
 						(errmsg("outbox relay reached Kafka again at \"%s\"",
 								outbox_bootstrap_servers)));
+			}
 			else if (old_state == OUTBOX_STATE_PAUSED)
 				ereport(LOG, (errmsg("outbox relay resumed")));
 			else if (old_state == OUTBOX_STATE_WAITING_FOR_EXTENSION)
@@ -153,6 +158,18 @@ set_shared_state(OutboxRelayState state)
 		return;
 	SpinLockAcquire(&outbox_my_slot->mutex);
 	outbox_my_slot->state = state;
+	SpinLockRelease(&outbox_my_slot->mutex);
+}
+
+/* forget the last error (outbox.status shows NULL) */
+static void
+clear_error(void)
+{
+	if (outbox_my_slot == NULL)
+		return;
+	SpinLockAcquire(&outbox_my_slot->mutex);
+	outbox_my_slot->last_error[0] = '\0';
+	outbox_my_slot->last_error_at = 0;
 	SpinLockRelease(&outbox_my_slot->mutex);
 }
 

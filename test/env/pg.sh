@@ -94,6 +94,8 @@ listen_addresses = '127.0.0.1'
 port = $PORT
 unix_socket_directories = '$DIR'
 max_connections = 100
+# the launcher, relays, their VACUUM worker, an inbox launcher and an inbox worker per subscription
+max_worker_processes = 24
 max_wal_senders = 10
 max_prepared_transactions = 10
 wal_level = replica

@@ -142,6 +142,10 @@ def _broker_down_at_start(env, prefix, reader_factory, outage):
             assert len(tried) == N_AGGREGATES, "a failed attempt was not recorded on every aggregate"
         wait_until(lambda: relay_status(conn)[0]["state"] in ("idle", "publishing"), 30,
                    "the relay to leave broker_down")
+        # issue 36, item 8: the broker's error goes once it answers again
+        st = relay_status(conn)[0]
+        if outage == "long":
+            assert st["last_error"] is None and st["last_error_at"] is None, st
     finally:
         conn.close()
 
