@@ -13,9 +13,21 @@
  *    Same columns: CREATE OR REPLACE VIEW keeps the view and its grants.
  * 2. The comments of the view, of inbox_worker_partitions() and of
  *    cluster_status() (kind inbox_launcher) say so.
+ * 3. outbox.inbox_offsets gets a witness per partition (offset and
+ *    fingerprint of the last applied record) that tells a topic deleted
+ *    and created again from the old one (issue 36, item 2).  Added at the
+ *    end, as a fresh install has them.
  */
 
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.9'" to load this file. \quit
+
+ALTER TABLE outbox.inbox_offsets
+    ADD COLUMN witness_offset bigint,
+    ADD COLUMN witness_hash bigint;
+COMMENT ON COLUMN outbox.inbox_offsets.witness_offset IS
+'The offset of the last record applied from this partition (schema 1.9), or NULL (none yet, or a seek moved the offset): before a batch that goes on right after it commits, the inbox reads the record at this offset from Kafka again and stalls the partition if it is another one (the topic was deleted and created again).';
+COMMENT ON COLUMN outbox.inbox_offsets.witness_hash IS
+'A fingerprint (timestamp, key, value) of the record at witness_offset (schema 1.9).';
 
 CREATE OR REPLACE VIEW outbox.inbox_status AS
 WITH live AS MATERIALIZED (SELECT * FROM outbox.inbox_worker_partitions())

@@ -611,6 +611,8 @@ CREATE TABLE outbox.inbox_offsets (
     duplicates      bigint NOT NULL DEFAULT 0,
     attempt_offset  bigint,
     attempts        integer NOT NULL DEFAULT 0,
+    witness_offset  bigint,
+    witness_hash    bigint,
     PRIMARY KEY (subscription, topic, kafka_partition)
 ) WITH (fillfactor = 50);
 SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_offsets', '');
@@ -635,6 +637,10 @@ COMMENT ON COLUMN outbox.inbox_offsets.attempt_offset IS
 'Offset of a record the worker handles one at a time after a crash; NULL otherwise.';
 COMMENT ON COLUMN outbox.inbox_offsets.attempts IS
 'Times the worker started to apply the record at attempt_offset and did not finish (it crashed); at outbox.inbox_max_attempts the record becomes a dead letter without another call.';
+COMMENT ON COLUMN outbox.inbox_offsets.witness_offset IS
+'The offset of the last record applied from this partition (schema 1.9), or NULL (none yet, or a seek moved the offset): before a batch that goes on right after it commits, the inbox reads the record at this offset from Kafka again and stalls the partition if it is another one (the topic was deleted and created again).';
+COMMENT ON COLUMN outbox.inbox_offsets.witness_hash IS
+'A fingerprint (timestamp, key, value) of the record at witness_offset (schema 1.9).';
 
 /*
  * Event ids applied, for the de-duplication window.  Two slots, partitions

@@ -84,6 +84,8 @@ typedef struct InboxPartition
 	char	   *topic;
 	int32		partition;
 	int64		next_offset;	/* as committed: -2 first, -1 end, or >= 0 */
+	int64		witness_offset; /* the last applied record's offset, or -1 */
+	uint64		witness_hash;	/* ... and its fingerprint (inbox_witness.c) */
 	int			status;			/* index in the shared status pool, or -1 */
 	bool		mine;			/* in the calling worker's slice */
 	bool		stalled;		/* Kafka no longer has next_offset */
@@ -146,6 +148,9 @@ extern void inbox_forget_missing_topic(InboxSubscription *sub,
 /* inbox_consumer.c: one librdkafka consumer per active subscription */
 typedef struct InboxConsumer InboxConsumer;
 
+extern rd_kafka_conf_t *inbox_consumer_conf(InboxSubscription *sub,
+											 const char *const (*extra)[2],
+											 char **error);
 extern InboxConsumer *inbox_consumer_create(InboxSubscription *sub,
 											int wakeup_fd, char **error);
 extern void inbox_consumer_destroy(InboxConsumer *consumer);
@@ -168,6 +173,14 @@ extern void inbox_consumer_watermarks(InboxSubscription *sub);
 extern bool inbox_consumer_broker_down(InboxSubscription *sub, char *why,
 									   size_t len);
 
+/* inbox_witness.c: a re-created topic told from the old one */
+extern uint64 inbox_witness_hash(const rd_kafka_message_t *m);
+extern void inbox_witness_request(InboxSubscription *sub,
+								  rd_kafka_message_t **msgs, int n);
+extern bool inbox_witness_verify(InboxSubscription *sub);
+extern void inbox_witness_restall(InboxSubscription *sub);
+extern void inbox_witness_destroy(void);
+
 /* inbox_offsets.c: the offsets table */
 extern void inbox_lock_subscription(InboxSubscription *sub);
 extern void inbox_offsets_load(InboxSubscription *sub);
@@ -175,7 +188,8 @@ extern void inbox_offsets_insert(InboxSubscription *sub, const char *topic,
 								 int32 partition, int64 next_offset);
 extern void inbox_offsets_advance(InboxSubscription *sub,
 								  InboxPartition *part, int64 next_offset,
-								  int64 applied, int64 duplicates);
+								  uint64 witness_hash, int64 applied,
+								  int64 duplicates);
 extern void inbox_offsets_resolve_seeks(InboxSubscription *sub);
 extern void inbox_mark_started(InboxSubscription *sub);
 extern void inbox_offsets_forget_plans(void);

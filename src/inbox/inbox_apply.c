@@ -72,6 +72,7 @@ typedef struct Tally
 {
 	bool		touched;
 	int64		last;			/* offset of its last record in the batch */
+	uint64		last_hash;		/* its fingerprint, the partition's new witness */
 	int64		applied;
 	int64		duplicates;
 } Tally;
@@ -90,6 +91,7 @@ typedef struct Failure
 	int			index;			/* the record being applied, or -1 */
 	ErrorData  *edata;
 	bool		cancelled;		/* 57014 not from the handler timeout */
+	bool		recreated;		/* a partition's topic was re-created */
 } Failure;
 
 static void apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
@@ -205,12 +207,15 @@ apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 
 	for (;;)
 	{
-		Failure		failure = {-1, NULL, false};
+		Failure		failure = {-1, NULL, false, false};
 		char	   *where;
 
 		memset(tallies, 0, sizeof(Tally) * Max(sub->npartitions, 1));
 		if (run_kafka_batch(sub, msgs, n, verdicts, tallies, &failure))
 			break;
+		/* run again without the partition that stalls now */
+		if (failure.recreated)
+			continue;
 		if (failure.index < 0)
 			ReThrowError(failure.edata);
 		where = psprintf("topic \"%s\", partition %d, offset %lld",
@@ -224,6 +229,8 @@ apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 		if (!tallies[i].touched)
 			continue;
 		sub->partitions[i].next_offset = tallies[i].last + 1;
+		sub->partitions[i].witness_offset = tallies[i].last;
+		sub->partitions[i].witness_hash = tallies[i].last_hash;
 		applied += tallies[i].applied;
 		inbox_status_applied(sub->partitions[i].status);
 	}
@@ -415,12 +422,14 @@ run_kafka_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 	MemoryContext cxt = CurrentMemoryContext;
 	volatile int current = -1;
 	volatile bool committed = false;
+	volatile bool recreated = false;
 
 	PG_TRY();
 	{
 		HeldKeys	held = {0};
 		int			i;
 
+		inbox_witness_request(sub, msgs, n);
 		begin_run(sub);
 		for (i = 0; i < n; i++)
 		{
@@ -430,8 +439,12 @@ run_kafka_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 			InboxEvent	ev;
 			Outcome		outcome;
 
-			/* not ours any more, or applied already (before a seek back) */
-			if (part == NULL || (part->next_offset >= 0 && msgs[i]->offset < part->next_offset))
+			/*
+			 * not ours any more, applied already (before a seek back), or
+			 * stalled (its topic was re-created)
+			 */
+			if (part == NULL || part->stalled ||
+				(part->next_offset >= 0 && msgs[i]->offset < part->next_offset))
 				continue;
 			t = &tallies[part - sub->partitions];
 			current = i;
@@ -440,15 +453,25 @@ run_kafka_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 			current = -1;
 			t->touched = true;
 			t->last = msgs[i]->offset;
+			t->last_hash = inbox_witness_hash(msgs[i]);
 			t->applied += outcome == OUTCOME_APPLIED;
 			t->duplicates += outcome == OUTCOME_DUPLICATE;
 		}
-		for (i = 0; i < sub->npartitions; i++)
-			if (tallies[i].touched)
-				inbox_offsets_advance(sub, &sub->partitions[i], tallies[i].last + 1,
-									  tallies[i].applied, tallies[i].duplicates);
-		end_run();
-		committed = true;
+		if (!inbox_witness_verify(sub))
+		{
+			recreated = true;
+			AbortCurrentTransaction();
+		}
+		else
+		{
+			for (i = 0; i < sub->npartitions; i++)
+				if (tallies[i].touched)
+					inbox_offsets_advance(sub, &sub->partitions[i], tallies[i].last + 1,
+										  tallies[i].last_hash, tallies[i].applied,
+										  tallies[i].duplicates);
+			end_run();
+			committed = true;
+		}
 	}
 	PG_CATCH();
 	{
@@ -456,6 +479,7 @@ run_kafka_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 	}
 	PG_END_TRY();
 	MemoryContextSwitchTo(cxt);
+	failure->recreated = recreated;
 	return committed;
 }
 
@@ -476,7 +500,7 @@ inbox_retry_dead(InboxSubscription *sub)
 
 	for (;;)
 	{
-		Failure		failure = {-1, NULL, false};
+		Failure		failure = {-1, NULL, false, false};
 		int			i;
 
 		if (run_retry(sub, ids, verdicts, max, &n, &failure))

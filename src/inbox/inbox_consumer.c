@@ -86,22 +86,21 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
 static void serve_main_queue(InboxConsumer *c);
 
 /*
- * inbox_consumer_create
- *		A consumer for sub from the current settings, whose queues write to
- *		wakeup_fd when something arrives.  Returns NULL with *error set
- *		(palloc'd, free of secret values) when a property is unknown or
- *		invalid or librdkafka refuses the configuration.
+ * inbox_consumer_conf
+ *		A librdkafka configuration for a consumer of sub from the current
+ *		settings: the defaults above, outbox.inbox_kafka_properties, then
+ *		extra (NULL-terminated key/value pairs, or NULL).  Returns NULL with
+ *		*error set (palloc'd, free of secret values) when a property is
+ *		unknown or invalid.
  */
-InboxConsumer *
-inbox_consumer_create(InboxSubscription *sub, int wakeup_fd, char **error)
+rd_kafka_conf_t *
+inbox_consumer_conf(InboxSubscription *sub, const char *const (*extra)[2],
+					char **error)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	OutboxKafkaProperty *props;
 	int			nprops;
-	InboxConsumer *c;
-	char		errstr[512];
 	char		group[256];
-	rd_kafka_queue_t *mainq;
 	int			i;
 
 	if (!outbox_parse_properties(outbox_inbox_kafka_properties,
@@ -132,7 +131,32 @@ inbox_consumer_create(InboxSubscription *sub, int wakeup_fd, char **error)
 			rd_kafka_conf_destroy(conf);
 			return NULL;
 		}
+	for (i = 0; extra != NULL && extra[i][0] != NULL; i++)
+		if (!set_conf(conf, extra[i][0], extra[i][1], error))
+		{
+			rd_kafka_conf_destroy(conf);
+			return NULL;
+		}
+	return conf;
+}
 
+/*
+ * inbox_consumer_create
+ *		A consumer for sub from the current settings, whose queues write to
+ *		wakeup_fd when something arrives.  Returns NULL with *error set
+ *		(palloc'd, free of secret values) when a property is unknown or
+ *		invalid or librdkafka refuses the configuration.
+ */
+InboxConsumer *
+inbox_consumer_create(InboxSubscription *sub, int wakeup_fd, char **error)
+{
+	rd_kafka_conf_t *conf = inbox_consumer_conf(sub, NULL, error);
+	InboxConsumer *c;
+	char		errstr[512];
+	rd_kafka_queue_t *mainq;
+
+	if (conf == NULL)
+		return NULL;
 	c = MemoryContextAllocZero(TopMemoryContext, sizeof(InboxConsumer));
 	rd_kafka_conf_set_opaque(conf, c);
 	rd_kafka_conf_set_error_cb(conf, error_cb);

@@ -80,6 +80,7 @@ inbox_add_partition(InboxSubscription *sub, const char *topic, int32 partition,
 	p->topic = MemoryContextStrdup(sub->cxt, topic);
 	p->partition = partition;
 	p->next_offset = next_offset;
+	p->witness_offset = -1;
 	p->mine = inbox_partition_slice(topic, partition, sub->nslices) == sub->slice;
 	p->status = p->mine ? inbox_status_claim(sub->name, topic, partition) : -1;
 	return p;
@@ -127,7 +128,8 @@ inbox_offsets_load(InboxSubscription *sub)
 	uint64		i;
 
 	values[0] = CStringGetTextDatum(sub->name);
-	ret = SPI_execute_with_args("SELECT topic, kafka_partition, next_offset, seek_time IS NOT NULL"
+	ret = SPI_execute_with_args("SELECT topic, kafka_partition, next_offset, seek_time IS NOT NULL,"
+								"       witness_offset, witness_hash"
 								"  FROM outbox.inbox_offsets WHERE subscription = $1"
 								" ORDER BY topic, kafka_partition",
 								1, (Oid[]) {TEXTOID}, values, NULL, true, 0);
@@ -144,8 +146,14 @@ inbox_offsets_load(InboxSubscription *sub)
 		int64		next = DatumGetInt64(SPI_getbinval(row, desc, 3, &isnull));
 		bool		seek = DatumGetBool(SPI_getbinval(row, desc, 4, &isnull));
 		InboxPartition *p = inbox_add_partition(sub, topic, partition, next);
+		Datum		w = SPI_getbinval(row, desc, 5, &isnull);
 
 		p->seek_pending = seek;
+		if (!isnull)
+		{
+			p->witness_offset = DatumGetInt64(w);
+			p->witness_hash = (uint64) DatumGetInt64(SPI_getbinval(row, desc, 6, &isnull));
+		}
 	}
 }
 
@@ -187,7 +195,9 @@ inbox_offsets_insert(InboxSubscription *sub, const char *topic, int32 partition,
 /*
  * inbox_offsets_advance
  *		Compare-and-set part's row from the next_offset the worker holds to
- *		next_offset, adding applied and duplicates to its counts, and end a
+ *		next_offset, with the witness of the record at next_offset - 1
+ *		(its fingerprint witness_hash, inbox_witness.c), adding applied and
+ *		duplicates to its counts, and end a
  *		crash attempt at a lower offset (inbox_attempts.c).  Raises ERROR
  *		(55000) when the row holds another value or is gone: the batch must
  *		roll back.  Call in the apply transaction; the caller updates
@@ -195,23 +205,25 @@ inbox_offsets_insert(InboxSubscription *sub, const char *topic, int32 partition,
  */
 void
 inbox_offsets_advance(InboxSubscription *sub, InboxPartition *part,
-					  int64 next_offset, int64 applied, int64 duplicates)
+					  int64 next_offset, uint64 witness_hash, int64 applied,
+					  int64 duplicates)
 {
-	Datum		values[7];
+	Datum		values[8];
 	int			ret;
 
 	if (advance_plan == NULL)
 	{
-		Oid			types[7] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID};
+		Oid			types[8] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID};
 
 		advance_plan = SPI_prepare("UPDATE outbox.inbox_offsets"
 								   "   SET next_offset = $5, applied = applied + $6,"
 								   "       duplicates = duplicates + $7,"
+								   "       witness_offset = $5 - 1, witness_hash = $8,"
 								   "       attempts = CASE WHEN attempt_offset < $5 THEN 0 ELSE attempts END,"
 								   "       attempt_offset = CASE WHEN attempt_offset < $5 THEN NULL ELSE attempt_offset END"
 								   " WHERE subscription = $1 AND topic = $2 AND kafka_partition = $3"
 								   "   AND next_offset = $4 AND seek_time IS NULL",
-								   7, types);
+								   8, types);
 		if (advance_plan == NULL || SPI_keepplan(advance_plan) != 0)
 			elog(ERROR, "outbox inbox: could not prepare the offset update");
 	}
@@ -222,6 +234,7 @@ inbox_offsets_advance(InboxSubscription *sub, InboxPartition *part,
 	values[4] = Int64GetDatum(next_offset);
 	values[5] = Int64GetDatum(applied);
 	values[6] = Int64GetDatum(duplicates);
+	values[7] = Int64GetDatum((int64) witness_hash);
 	ret = SPI_execute_plan(advance_plan, values, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "outbox inbox: updating an offset failed: %s",

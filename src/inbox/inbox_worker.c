@@ -250,7 +250,10 @@ reload(void)
 	refusal = outbox_refusal_of(OUTBOX_REFUSABLE_INBOX_KAFKA_PROPERTIES);
 	problem = inbox_subscription_problem(sub);
 	if (!sub->copy)
+	{
 		inbox_offsets_load(sub);
+		inbox_witness_restall(sub);
+	}
 	for (i = 0; i < sub->npartitions; i++)
 		inbox_status_set(sub->partitions[i].status,
 						 sub->paused ? INBOX_STATE_PAUSED : INBOX_STATE_ERROR,
@@ -265,6 +268,8 @@ reload(void)
 		{
 			char	   *error = NULL;
 
+			/* new settings: a new probe too */
+			inbox_witness_destroy();
 			sub->consumer = inbox_consumer_create(sub, wakeup_fd[1], &error);
 			if (sub->consumer == NULL)
 				inbox_set_state(INBOX_STATE_CONFIG_ERROR, error);
@@ -505,6 +510,7 @@ free_consumers_at_exit(int code, Datum arg)
 	ListCell   *lc;
 
 	drop_batch();
+	inbox_witness_destroy();
 	foreach(lc, subscriptions)
 	{
 		InboxSubscription *sub = lfirst(lc);

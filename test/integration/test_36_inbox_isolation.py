@@ -262,3 +262,53 @@ def test_drop_extension_ends_the_inbox_without_an_error(env, conn):
         other.close()
         set_conf(conn, inbox_superuser_subscriptions=None, databases=None)
         query(conn, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def recreate_topic(env, topic, partitions):
+    """Delete topic and create it again with partitions (Kafka deletes asynchronously: retry the
+    create until it is accepted)."""
+    from conftest import admin
+    from confluent_kafka import KafkaException
+    a = admin(env)
+    for fut in a.delete_topics([topic], operation_timeout=30).values():
+        fut.result(30)
+
+    def created():
+        try:
+            create_topics(env, [topic], partitions=partitions)
+        except KafkaException:
+            return None
+        return True
+    wait_until(created, TIMEOUT_S, f"topic {topic} created again")
+
+
+def test_a_topic_deleted_and_created_again_stalls_until_a_seek(env, app):
+    """Issue 36, item 2: 30 records applied (10 per partition), the topic deleted and created again
+    with 90 records (30 per partition): the inbox went on at offset 10 of the new topic and
+    skipped 30 records, state running, lag 0.  Now every partition stalls (the record at its
+    witness offset is another one) and applies nothing until a seek; the seek to the start
+    applies the 90, each once."""
+    conn = app
+    topic = new_topic(env, "recreated", partitions=3)
+    mail_handler(conn, "it_iso_rc", "it_iso_handle_rc")
+    subscribe(conn, "it_iso_rc", [topic], "it_iso_handle_rc")
+    for p in range(3):
+        produce(env, topic, records(*[(f"old{p}", n) for n in range(10)]), partition=p)
+    for p in range(3):
+        settled(conn, "it_iso_rc", 10, partition=p)
+    recreate_topic(env, topic, 3)
+    for p in range(3):
+        produce(env, topic, records(*[(f"new{p}", n) for n in range(30)]), partition=p)
+    rows = wait_until(lambda: (lambda rs: rs if len(rs) == 3 and all(r["state"] == "stalled" for r in rs) else None)(
+        [r for r in status(conn, "it_iso_rc") if r["kafka_partition"] is not None]),
+        TIMEOUT_S, f"every partition stalled ({status(conn, 'it_iso_rc')})")
+    assert any("created again" in (r["last_error"] or "") for r in rows), rows
+    assert query_one(conn, "SELECT count(*) FROM it_iso_rc WHERE key LIKE 'new%'")[0] == 0, \
+        "nothing of the new topic applied at the old offsets"
+    as_app(conn, "SELECT outbox.inbox_seek('it_iso_rc', %s, NULL, '-infinity'::timestamptz)", (topic,))
+    wait_until(lambda: query_one(conn, "SELECT count(*) FROM it_iso_rc WHERE key LIKE 'new%'")[0] == 90,
+               TIMEOUT_S, "the new topic's 90 records applied after the seek")
+    for p in range(3):
+        settled(conn, "it_iso_rc", 30, partition=p)
+    rows = query(conn, "SELECT key, array_agg((payload->>'n')::int ORDER BY id) FROM it_iso_rc GROUP BY key ORDER BY key")
+    assert rows == [(f"new{p}", list(range(30))) for p in range(3)] + [(f"old{p}", list(range(10))) for p in range(3)]

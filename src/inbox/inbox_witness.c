@@ -1,0 +1,331 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_witness.c
+ *	  Telling a re-created topic from the one the offsets were stored for.
+ *
+ * A topic deleted and created again while a subscription consumes it has
+ * offsets that start at 0 again.  Where the new topic is shorter than the
+ * stored offset, the consumer says so (the partition stalls, see
+ * inbox_consumer.c); where it is longer, librdkafka 2.0.2 goes on fetching
+ * at the stored offset, in the new topic, without a word (it shows no topic
+ * id), and the records before that offset would be skipped.
+ *
+ * So each partition keeps a witness with its offset: the offset and a
+ * fingerprint (timestamp, key, value) of the last record applied, written
+ * by the same compare-and-set (inbox_offsets.c).  Before a batch that
+ * continues right after the witness commits, a second consumer of the
+ * worker, the probe, reads the record at the witness's offset from Kafka
+ * as it is now.  It is asked when the batch starts and answered while the
+ * handler runs, so it costs one fetch per batch in parallel with the
+ * apply.  A different record there means another topic: the batch is
+ * rolled back and run again without that partition, which stalls until
+ * outbox.inbox_seek() says where to go on, as when Kafka no longer has the
+ * offset.  A record Kafka no longer has there (retention, compaction)
+ * cannot tell, and the batch goes on.  The probe fetches after the batch's
+ * records were fetched, so a topic re-created between the two stalls the
+ * partition rather than letting it through: when in doubt, stop.
+ *
+ * The probe's callbacks are librdkafka's defaults (no palloc, no ereport on
+ * its threads); it is polled on the worker's own thread only.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "outbox.h"
+#include "inbox/inbox.h"
+
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+/* how long the probe may take to answer, in all (ms) */
+#define PROBE_TIMEOUT_MS		10000
+/* most partitions of one batch the probe asks about */
+#define PROBE_MAX				256
+/* re-created partitions remembered across reloads of the worker */
+#define RECREATED_MAX			64
+
+/* settings of the probe on top of the consumer's */
+static const char *const probe_settings[][2] = {
+	{"client.id", "outbox-inbox-probe"},
+	{"queued.max.messages.kbytes", "1024"},
+	{"queued.min.messages", "1"},
+	{NULL, NULL}
+};
+
+typedef enum Answer
+{
+	ANSWER_WAITING,
+	ANSWER_SAME,
+	ANSWER_OTHER,
+	ANSWER_CANNOT_TELL
+} Answer;
+
+typedef struct Question
+{
+	InboxPartition *part;
+	int64		offset;
+	uint64		hash;
+	Answer		answer;
+} Question;
+
+static rd_kafka_t *probe = NULL;
+static rd_kafka_queue_t *probe_queue = NULL;
+static Question questions[PROBE_MAX];
+static int	nquestions = 0;
+
+/* partitions found re-created: (topic, partition, next_offset) */
+static struct
+{
+	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
+	int32		partition;
+	int64		next_offset;
+} recreated[RECREATED_MAX];
+static int	nrecreated = 0;
+
+static bool ensure_probe(InboxSubscription *sub);
+static void take_answers(int wait_ms);
+static void stall(InboxSubscription *sub, InboxPartition *p, bool first);
+
+/*
+ * inbox_witness_hash
+ *		The fingerprint of a Kafka record: its timestamp, key and value.
+ */
+uint64
+inbox_witness_hash(const rd_kafka_message_t *m)
+{
+	int64		ts = rd_kafka_message_timestamp(m, NULL);
+	uint64		h = (uint64) ts;
+
+	if (m->key != NULL)
+		h = hash_bytes_extended((const unsigned char *) m->key, (int) m->key_len, h);
+	h = hash_bytes_extended((const unsigned char *) "\0", 1, h);
+	if (m->payload != NULL)
+		h = hash_bytes_extended((const unsigned char *) m->payload, (int) m->len, h);
+	return h;
+}
+
+/*
+ * inbox_witness_request
+ *		A batch msgs[0..n-1] of sub is about to be applied: ask the probe for
+ *		the witness record of each partition whose records go on right
+ *		after its witness.  Asks nothing when none does.
+ */
+void
+inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
+{
+	rd_kafka_topic_partition_list_t *list;
+	int			i;
+
+	nquestions = 0;
+	for (i = 0; i < n && nquestions < PROBE_MAX; i++)
+	{
+		InboxPartition *p = inbox_find_partition(sub, rd_kafka_topic_name(msgs[i]->rkt),
+												 msgs[i]->partition);
+		int			q;
+
+		if (p == NULL || p->witness_offset < 0 ||
+			p->witness_offset != p->next_offset - 1 || msgs[i]->offset != p->next_offset)
+			continue;
+		for (q = 0; q < nquestions && questions[q].part != p; q++)
+			;
+		if (q < nquestions)
+			continue;
+		questions[nquestions].part = p;
+		questions[nquestions].offset = p->witness_offset;
+		questions[nquestions].hash = p->witness_hash;
+		questions[nquestions].answer = ANSWER_WAITING;
+		nquestions++;
+	}
+	if (nquestions == 0 || !ensure_probe(sub))
+	{
+		nquestions = 0;
+		return;
+	}
+	list = rd_kafka_topic_partition_list_new(nquestions);
+	for (i = 0; i < nquestions; i++)
+		rd_kafka_topic_partition_list_add(list, questions[i].part->topic,
+										  questions[i].part->partition)->offset = questions[i].offset;
+	(void) rd_kafka_assign(probe, list);
+	rd_kafka_topic_partition_list_destroy(list);
+}
+
+/*
+ * inbox_witness_verify
+ *		Before the batch's offsets advance: wait for the probe's answers (up
+ *		to PROBE_TIMEOUT_MS in all).  Returns false when a partition of the
+ *		batch holds another record at its witness's offset: that partition
+ *		is stalled now (shown, logged), and the caller must roll the batch
+ *		back and run it again without it.  Raises ERROR (08006) when Kafka
+ *		did not answer: the batch is applied again later.
+ */
+bool
+inbox_witness_verify(InboxSubscription *sub)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), PROBE_TIMEOUT_MS);
+	bool		same = true;
+	int			i;
+
+	for (;;)
+	{
+		bool		waiting = false;
+
+		for (i = 0; i < nquestions; i++)
+			if (questions[i].answer == ANSWER_WAITING)
+				waiting = true;
+		if (!waiting)
+			break;
+		if (GetCurrentTimestamp() >= deadline)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("Kafka did not show the last applied record of subscription \"%s\" within %d ms",
+							sub->name, PROBE_TIMEOUT_MS),
+					 errhint("The batch is rolled back and applied again.")));
+		CHECK_FOR_INTERRUPTS();
+		take_answers(100);
+	}
+	for (i = 0; i < nquestions; i++)
+		if (questions[i].answer == ANSWER_OTHER)
+		{
+			stall(sub, questions[i].part, true);
+			same = false;
+		}
+	if (nquestions > 0)
+		(void) rd_kafka_assign(probe, NULL);
+	nquestions = 0;
+	return same;
+}
+
+/* the probe's records and errors, matched with the questions */
+static void
+take_answers(int wait_ms)
+{
+	rd_kafka_message_t *msgs[64];
+	ssize_t		n = rd_kafka_consume_batch_queue(probe_queue, wait_ms, msgs, lengthof(msgs));
+	ssize_t		i;
+
+	rd_kafka_poll(probe, 0);
+	for (i = 0; i < n; i++)
+	{
+		rd_kafka_message_t *m = msgs[i];
+		int			q;
+
+		for (q = 0; m->rkt != NULL && q < nquestions; q++)
+		{
+			Question   *qu = &questions[q];
+
+			if (qu->answer != ANSWER_WAITING || qu->part->partition != m->partition ||
+				strcmp(qu->part->topic, rd_kafka_topic_name(m->rkt)) != 0)
+				continue;
+			if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET ||
+				m->err == RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE)
+				qu->answer = ANSWER_CANNOT_TELL;	/* retention passed it */
+			else if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+				continue;
+			else if (m->offset > qu->offset)
+				qu->answer = ANSWER_CANNOT_TELL;	/* compacted away */
+			else if (m->offset == qu->offset)
+				qu->answer = inbox_witness_hash(m) == qu->hash ? ANSWER_SAME : ANSWER_OTHER;
+		}
+		rd_kafka_message_destroy(m);
+	}
+}
+
+/* the probe, built once per worker from the consumer's settings */
+static bool
+ensure_probe(InboxSubscription *sub)
+{
+	char	   *error = NULL;
+	char		errstr[512];
+	rd_kafka_conf_t *conf;
+
+	if (probe != NULL)
+		return true;
+	conf = inbox_consumer_conf(sub, probe_settings, &error);
+	if (conf == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("could not configure the inbox's probe consumer: %s", error)));
+	probe = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+	if (probe == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("could not create the inbox's probe consumer")));
+	}
+	probe_queue = rd_kafka_queue_get_consumer(probe);
+	return true;
+}
+
+/*
+ * Stall p: show it, remember it across reloads (until a seek moves its
+ * offset) and, the first time, log it.
+ */
+static void
+stall(InboxSubscription *sub, InboxPartition *p, bool first)
+{
+	char	   *text = psprintf("the record at offset %lld is not the one applied there: the topic was deleted and created again; nothing is applied or skipped until outbox.inbox_seek('%s', '%s', %d, ...)",
+								(long long) p->witness_offset, sub->name, p->topic, p->partition);
+
+	if (first)
+	{
+		int			i;
+
+		for (i = 0; i < nrecreated; i++)
+			if (recreated[i].partition == p->partition &&
+				recreated[i].next_offset == p->next_offset &&
+				strcmp(recreated[i].topic, p->topic) == 0)
+				break;
+		if (i == nrecreated && nrecreated < RECREATED_MAX)
+		{
+			strlcpy(recreated[nrecreated].topic, p->topic, sizeof(recreated[0].topic));
+			recreated[nrecreated].partition = p->partition;
+			recreated[nrecreated].next_offset = p->next_offset;
+			nrecreated++;
+			ereport(WARNING,
+					(errmsg("outbox inbox: subscription \"%s\", topic \"%s\", partition %d stalls",
+							sub->name, p->topic, p->partition),
+					 errdetail("%s.", text)));
+		}
+	}
+	p->stalled = true;
+	sub->reassign = true;
+	inbox_status_set(p->status, INBOX_STATE_STALLED, text);
+}
+
+/*
+ * inbox_witness_restall
+ *		After sub's offsets were read again: stall the partitions found
+ *		re-created at the offset they still have.
+ */
+void
+inbox_witness_restall(InboxSubscription *sub)
+{
+	int			i;
+
+	for (i = 0; i < nrecreated; i++)
+	{
+		InboxPartition *p = inbox_find_partition(sub, recreated[i].topic, recreated[i].partition);
+
+		if (p != NULL && p->mine && p->next_offset == recreated[i].next_offset)
+			stall(sub, p, false);
+	}
+}
+
+/*
+ * inbox_witness_destroy
+ *		Drop the probe (at exit, or when the settings changed).  Raises no
+ *		error; does not wait for brokers.
+ */
+void
+inbox_witness_destroy(void)
+{
+	if (probe_queue != NULL)
+		rd_kafka_queue_destroy(probe_queue);
+	if (probe != NULL)
+		rd_kafka_destroy_flags(probe, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+	probe_queue = NULL;
+	probe = NULL;
+	nquestions = 0;
+}
