@@ -237,7 +237,7 @@ extern int	inbox_partition_slice(const char *topic, int32 partition,
 extern PGDLLEXPORT void outbox_inbox_worker_main(Datum main_arg);
 
 /* inbox_attempts.c: records that may crash the worker */
-extern void inbox_attempts_begin(Oid dboid);
+extern void inbox_attempts_begin(InboxSubscription *sub);
 extern bool inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 								   int64 offset);
 extern void inbox_attempts_calling(const char *subscription,

@@ -11,11 +11,15 @@
  * worker would run the same batch again and crash again.  So:
  *	- Before each handler call the worker writes which record it is about
  *	  to apply (subscription, topic, partition, offset) over the first line
- *	  of a small file in the data directory, and marks the line done when
- *	  the call returns.  Two writes of a few bytes, no fsync: the file only
- *	  has to outlive the process, not the machine.
- *	- A worker that starts and finds a record there knows its predecessor
- *	  ended inside that handler call.  It applies that record alone, after
+ *	  of a small file of its own in the data directory (one per database,
+ *	  subscription and slice: the workers of a database never write over
+ *	  each other's), and marks the line done when the call returns.  Two
+ *	  writes of a few bytes, no fsync: the file only has to outlive the
+ *	  process, not the machine.
+ *	- A worker that starts reads the files of every slice of its
+ *	  subscription (the split may have changed since) and keeps the records
+ *	  of its own partitions found there: its predecessors ended inside those
+ *	  handler calls.  It applies each such record alone, after
  *	  committing an attempt mark on the partition's offsets row
  *	  (attempt_offset, attempts); the apply transaction clears the mark
  *	  with the offset (inbox_offsets.c).
@@ -40,6 +44,7 @@
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "common/file_perm.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -49,12 +54,18 @@
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
-/* the record the previous worker ended in, if it ended in a handler call */
-static bool have_careful = false;
+/* the records earlier workers ended in, inside a handler call */
+typedef struct Careful
+{
+	bool		active;
+	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
+	int32		partition;
+	int64		offset;
+} Careful;
+
+static Careful careful[OUTBOX_INBOX_MAX_WORKERS_PER_SUBSCRIPTION];
+static int	ncareful = 0;
 static char careful_subscription[NAMEDATALEN];
-static char careful_topic[OUTBOX_TOPIC_MAX_LEN + 1];
-static int32 careful_partition;
-static int64 careful_offset;
 
 static int	file = -1;
 static char path[MAXPGPATH];
@@ -64,49 +75,74 @@ static volatile sig_atomic_t stop_requested = false;
 
 static void forget_call_at_stop(int code, Datum arg);
 
+/* the file of slice of subscription in database dboid, into buf */
+static void
+file_path(char *buf, size_t len, Oid dboid, const char *subscription, int slice)
+{
+	snprintf(buf, len, "%s/outbox_inbox_%u_%08x_%d.inflight", DataDir, dboid,
+			 hash_bytes((const unsigned char *) subscription, strlen(subscription)),
+			 slice);
+}
+
+/* keep the record of line if it is one of sub's own partitions in flight */
+static void
+read_line(InboxSubscription *sub, char *line)
+{
+	char	   *fields[4];
+	char	   *save = NULL;
+	char	   *tok;
+	int			n = 0;
+	Careful    *c;
+
+	if (line[0] == '#' || line[0] == '\0' || ncareful >= (int) lengthof(careful))
+		return;
+	for (tok = strtok_r(line, "\t\n", &save); tok != NULL && n < 4;
+		 tok = strtok_r(NULL, "\t\n", &save))
+		fields[n++] = tok;
+	if (n != 4 || strcmp(fields[0], sub->name) != 0)
+		return;
+	c = &careful[ncareful];
+	strlcpy(c->topic, fields[1], sizeof(c->topic));
+	c->partition = (int32) strtol(fields[2], NULL, 10);
+	c->offset = strtoll(fields[3], NULL, 10);
+	if (inbox_partition_slice(c->topic, c->partition, sub->nslices) != sub->slice)
+		return;
+	c->active = true;
+	ncareful++;
+	ereport(LOG,
+			(errmsg("outbox inbox: a previous worker ended in the handler of subscription \"%s\" at topic \"%s\", partition %d, offset %lld; that record is applied alone",
+					sub->name, c->topic, c->partition, (long long) c->offset)));
+}
+
 /*
  * inbox_attempts_begin
- *		At the worker's start: read the record the previous worker of
- *		database dboid was in a handler call for when it ended, if any, and
- *		open the file for this worker's calls.  A file that cannot be opened
- *		is logged; the worker then runs without this guard.
+ *		At the worker's start (sub loaded, its slice known): read the
+ *		records earlier workers of sub were in a handler call for when they
+ *		ended, and open this worker's file for its calls.  A file that
+ *		cannot be opened is logged; the worker then runs without this guard.
  */
 void
-inbox_attempts_begin(Oid dboid)
+inbox_attempts_begin(InboxSubscription *sub)
 {
-	FILE	   *f;
-	char		line[1024] = "";
+	int			slice;
 
-	snprintf(path, sizeof(path), "%s/outbox_inbox_%u.inflight", DataDir, dboid);
-	f = fopen(path, "r");
-	if (f != NULL)
+	strlcpy(careful_subscription, sub->name, sizeof(careful_subscription));
+	ncareful = 0;
+	for (slice = 0; slice < OUTBOX_INBOX_MAX_WORKERS_PER_SUBSCRIPTION; slice++)
 	{
-		if (fgets(line, sizeof(line), f) != NULL && line[0] != '#' && line[0] != '\0')
-		{
-			char	   *fields[4];
-			char	   *save = NULL;
-			char	   *tok;
-			int			n = 0;
+		char		other[MAXPGPATH];
+		char		line[1024] = "";
+		FILE	   *f;
 
-			for (tok = strtok_r(line, "\t\n", &save); tok != NULL && n < 4;
-				 tok = strtok_r(NULL, "\t\n", &save))
-				fields[n++] = tok;
-			if (n == 4)
-			{
-				strlcpy(careful_subscription, fields[0], sizeof(careful_subscription));
-				strlcpy(careful_topic, fields[1], sizeof(careful_topic));
-				careful_partition = (int32) strtol(fields[2], NULL, 10);
-				careful_offset = strtoll(fields[3], NULL, 10);
-				have_careful = true;
-			}
-		}
+		file_path(other, sizeof(other), MyDatabaseId, sub->name, slice);
+		f = fopen(other, "r");
+		if (f == NULL)
+			continue;
+		if (fgets(line, sizeof(line), f) != NULL)
+			read_line(sub, line);
 		fclose(f);
 	}
-	if (have_careful)
-		ereport(LOG,
-				(errmsg("outbox inbox: the previous worker of this database ended in the handler of subscription \"%s\" at topic \"%s\", partition %d, offset %lld; that record is applied alone",
-						careful_subscription, careful_topic, careful_partition,
-						(long long) careful_offset)));
+	file_path(path, sizeof(path), MyDatabaseId, sub->name, sub->slice);
 	file = open(path, O_RDWR | O_CREAT | PG_BINARY, pg_file_create_mode);
 	if (file < 0)
 		ereport(LOG,
@@ -152,10 +188,16 @@ bool
 inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 					   int64 offset)
 {
-	return have_careful && offset == careful_offset &&
-		part->partition == careful_partition &&
-		strcmp(sub->name, careful_subscription) == 0 &&
-		strcmp(part->topic, careful_topic) == 0;
+	int			i;
+
+	if (strcmp(sub->name, careful_subscription) != 0)
+		return false;
+	for (i = 0; i < ncareful; i++)
+		if (careful[i].active && careful[i].offset == offset &&
+			careful[i].partition == part->partition &&
+			strcmp(careful[i].topic, part->topic) == 0)
+			return true;
+	return false;
 }
 
 /*
@@ -199,14 +241,17 @@ void
 inbox_attempts_end_batch(InboxSubscription *sub)
 {
 	int			i;
+	int			c;
 
-	if (!have_careful || strcmp(sub->name, careful_subscription) != 0)
+	if (strcmp(sub->name, careful_subscription) != 0)
 		return;
-	for (i = 0; i < sub->npartitions; i++)
-		if (sub->partitions[i].partition == careful_partition &&
-			strcmp(sub->partitions[i].topic, careful_topic) == 0 &&
-			sub->partitions[i].next_offset > careful_offset)
-			have_careful = false;
+	for (c = 0; c < ncareful; c++)
+		for (i = 0; i < sub->npartitions; i++)
+			if (careful[c].active &&
+				sub->partitions[i].partition == careful[c].partition &&
+				strcmp(sub->partitions[i].topic, careful[c].topic) == 0 &&
+				sub->partitions[i].next_offset > careful[c].offset)
+				careful[c].active = false;
 }
 
 /*

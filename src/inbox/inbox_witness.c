@@ -124,7 +124,7 @@ inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 												 msgs[i]->partition);
 		int			q;
 
-		if (p == NULL || p->witness_offset < 0 ||
+		if (p == NULL || p->stalled || p->witness_offset < 0 ||
 			p->witness_offset != p->next_offset - 1 || msgs[i]->offset != p->next_offset)
 			continue;
 		for (q = 0; q < nquestions && questions[q].part != p; q++)

@@ -73,6 +73,7 @@ static InboxWorkerArgs worker_args;
 /* state that must survive the longjmp of an error */
 static int	error_backoff_ms = 0;
 static bool reload_pending = true;
+static bool attempts_begun = false;
 static uint32 loaded_seq = 0;
 static TimestampTz last_refresh = 0;
 static TimestampTz last_problem_look = 0;
@@ -135,7 +136,6 @@ outbox_inbox_worker_main(Datum main_arg)
 			(errmsg("outbox inbox started for subscription \"%s\" (slice %d of %d)",
 					worker_args.subscription, worker_args.slice + 1,
 					worker_args.nslices)));
-	inbox_attempts_begin(MyDatabaseId);
 	inbox_loop();
 }
 
@@ -247,6 +247,12 @@ reload(void)
 		exit_gone("it was dropped");
 	}
 	sub = linitial(subscriptions);
+	/* once: the records earlier workers of this subscription ended in */
+	if (!attempts_begun)
+	{
+		inbox_attempts_begin(sub);
+		attempts_begun = true;
+	}
 	refusal = outbox_refusal_of(OUTBOX_REFUSABLE_INBOX_KAFKA_PROPERTIES);
 	problem = inbox_subscription_problem(sub);
 	if (!sub->copy)

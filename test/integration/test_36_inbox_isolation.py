@@ -244,6 +244,8 @@ def test_drop_extension_ends_the_inbox_without_an_error(env, conn):
         query(other, "CREATE FUNCTION it_drop_h(e outbox.inbox_event) RETURNS void LANGUAGE sql"
                      " AS 'INSERT INTO it_drop VALUES (e)'")
         set_conf(conn, inbox_superuser_subscriptions="on", databases="*")
+        wait_until(lambda: query_one(other, "SHOW outbox.inbox_superuser_subscriptions")[0] == "on",
+                   TIMEOUT_S, "the reload in the other database's session")
         query(other, "SELECT outbox.subscribe('it_drop', %s, 'it_drop_h(outbox.inbox_event)')", ([topic],))
         produce(env, topic, records(("a", 1)), partition=0)
         wait_until(lambda: query_one(other, "SELECT count(*) FROM it_drop")[0] == 1, TIMEOUT_S, "applied")
