@@ -71,6 +71,7 @@ typedef struct InboxEvent
 extern void inbox_event_from_message(InboxEvent *ev,
 									 const rd_kafka_message_t *msg);
 extern Datum inbox_event_datum(const InboxEvent *ev, const char *subscription);
+extern Datum inbox_event_array(InboxEvent **evs, int n, const char *subscription);
 extern Oid	inbox_event_type_oid(void);
 extern void inbox_event_forget(void);
 extern void inbox_event_values(const InboxEvent *ev, const char *subscription,
@@ -89,6 +90,7 @@ typedef struct InboxPartition
 	int			status;			/* index in the shared status pool, or -1 */
 	bool		mine;			/* in the calling worker's slice */
 	bool		stalled;		/* Kafka no longer has next_offset */
+	bool		watched;		/* its end was asked for while not fetched */
 	bool		seek_pending;	/* a seek_time waits to be resolved */
 } InboxPartition;
 
@@ -102,6 +104,7 @@ typedef struct InboxSubscription
 	int			nslices;		/* ... of this many */
 	Oid			owner;
 	Oid			handler;		/* InvalidOid: queue mode */
+	bool		batch_handler;	/* handler(outbox.inbox_event[]) */
 	char	   *handler_text;	/* as stored; NULL in queue mode */
 	bool		handler_missing;	/* the stored handler does not resolve */
 	int			ntopics;
@@ -198,6 +201,11 @@ extern void inbox_offsets_forget_plans(void);
 extern void inbox_dedupe_begin_batch(void);
 extern bool inbox_dedupe_seen(const char *subscription, const pg_uuid_t *id);
 extern bool inbox_dedupe_record(const char *subscription, const pg_uuid_t *id);
+extern void inbox_dedupe_seen_many(const char *subscription, const pg_uuid_t *ids,
+								   int n, bool *seen);
+extern void inbox_dedupe_record_many(const char *subscription,
+									 const pg_uuid_t *ids, int n,
+									 bool *recorded);
 extern void inbox_dedupe_rotate_if_due(void);
 extern void inbox_dedupe_forget_plans(void);
 
@@ -217,6 +225,12 @@ extern void inbox_dead_forget_plans(void);
 /* inbox_handler.c: calling the handler, or queueing the event */
 extern void inbox_handler_prepare(InboxSubscription *sub);
 extern void inbox_apply_event(InboxSubscription *sub, const InboxEvent *ev);
+extern void inbox_handler_enter(InboxSubscription *sub);
+extern void inbox_handler_leave(void);
+extern void inbox_handler_call(InboxSubscription *sub, const InboxEvent *ev);
+extern void inbox_handler_call_batch(InboxSubscription *sub, InboxEvent **evs,
+									 int n);
+extern void inbox_queue_batch(InboxSubscription *sub, InboxEvent **evs, int n);
 extern bool inbox_handler_cleanup(void);
 extern bool inbox_config_reloaded;
 extern const char *inbox_applying;
@@ -241,7 +255,7 @@ extern void inbox_attempts_begin(InboxSubscription *sub);
 extern bool inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 								   int64 offset);
 extern void inbox_attempts_calling(const char *subscription,
-								   const InboxEvent *ev);
+								   const InboxEvent *ev, int64 last_offset);
 extern void inbox_attempts_called(void);
 extern void inbox_attempts_sigterm(SIGNAL_ARGS);
 extern void inbox_attempts_end_batch(InboxSubscription *sub);

@@ -31,7 +31,7 @@
  *-------------------------------------------------------------------------
  */
 #include "outbox.h"
-#include "inbox/inbox.h"
+#include "inbox/inbox_run.h"
 #include "shared/shmem.h"
 
 #include "access/xact.h"
@@ -48,67 +48,18 @@
 /* ... up to this */
 #define TRANSIENT_PAUSE_MAX_MS	5000
 
-/* a record that failed in an earlier run of its batch */
-typedef struct Verdict
-{
-	bool		failed;
-	char	   *error;
-	char		sqlstate[6];
-	int			attempts;		/* failed calls, when failed */
-	int			transient;		/* runs it failed with a transient error */
-} Verdict;
-
-/* keys that failed in this run (on_failed_event = hold) */
-typedef struct HeldKeys
-{
-	int			n;
-	int			max;
-	const char **topics;
-	text	  **keys;
-} HeldKeys;
-
-/* what a run did to one partition */
-typedef struct Tally
-{
-	bool		touched;
-	int64		last;			/* offset of its last record in the batch */
-	uint64		last_hash;		/* its fingerprint, the partition's new witness */
-	int64		applied;
-	int64		duplicates;
-} Tally;
-
-typedef enum Outcome
-{
-	OUTCOME_APPLIED,
-	OUTCOME_DUPLICATE,
-	OUTCOME_HELD,
-	OUTCOME_DEAD
-} Outcome;
-
-/* how a run ended when it did not commit */
-typedef struct Failure
-{
-	int			index;			/* the record being applied, or -1 */
-	ErrorData  *edata;
-	bool		cancelled;		/* 57014 not from the handler timeout */
-	bool		recreated;		/* a partition's topic was re-created */
-} Failure;
-
 static void apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 					  Verdict *verdicts);
 static void crashed(InboxSubscription *sub, Verdict *v, rd_kafka_message_t *msg,
 					int ends);
-static bool run_kafka_batch(InboxSubscription *sub, rd_kafka_message_t **msgs,
-							int n, Verdict *verdicts, Tally *tallies,
-							Failure *failure);
 static bool run_retry(InboxSubscription *sub, int64 *ids, Verdict *verdicts,
 					  int max, int *n, Failure *failure);
 static Outcome settle(InboxSubscription *sub, InboxEvent *ev, Verdict *v,
 					  HeldKeys *held);
 static bool judge(InboxSubscription *sub, Verdict *v, const char *where,
 				  Failure *failure);
-static void catch_failure(Failure *failure, volatile int *current,
-						  MemoryContext cxt);
+static void transient_pause(InboxSubscription *sub, int k, const char *where,
+							ErrorData *edata);
 
 /*
  * inbox_sqlstate_is_transient
@@ -203,6 +154,7 @@ apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 {
 	Tally	   *tallies = palloc0(sizeof(Tally) * Max(sub->npartitions, 1));
 	int64		applied = 0;
+	int			whole_transient = 0;
 	int			i;
 
 	for (;;)
@@ -211,11 +163,31 @@ apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 		char	   *where;
 
 		memset(tallies, 0, sizeof(Tally) * Max(sub->npartitions, 1));
-		if (run_kafka_batch(sub, msgs, n, verdicts, tallies, &failure))
+		if (inbox_run_kafka_batch(sub, msgs, n, verdicts, tallies, &failure))
 			break;
 		/* run again without the partition that stalls now */
 		if (failure.recreated)
 			continue;
+		/* a batch handler (or the queue insert) failed: whose record was it? */
+		if (failure.index == INBOX_RUN_WHOLE_BATCH && n == 1)
+			failure.index = 0;
+		else if (failure.index == INBOX_RUN_WHOLE_BATCH)
+		{
+			inbox_count(0, 0, 1);
+			if ((failure.cancelled || inbox_sqlstate_is_transient(failure.edata->sqlerrcode)) &&
+				whole_transient + 1 < outbox_inbox_max_attempts)
+			{
+				transient_pause(sub, whole_transient++, "the batch", failure.edata);
+				continue;
+			}
+			ereport(DEBUG1,
+					(errmsg("outbox inbox: subscription \"%s\": the batch handler failed on %d records; applying them in two halves",
+							sub->name, n),
+					 errdetail("%s", failure.edata->message)));
+			apply_run(sub, msgs, n / 2, verdicts);
+			apply_run(sub, msgs + n / 2, n - n / 2, verdicts + n / 2);
+			return;
+		}
 		if (failure.index < 0)
 			ReThrowError(failure.edata);
 		where = psprintf("topic \"%s\", partition %d, offset %lld",
@@ -238,6 +210,28 @@ apply_run(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
 }
 
 /*
+ * The pause before the run after the k-th transient error at where (a
+ * record, or the batch), logged.
+ */
+static void
+transient_pause(InboxSubscription *sub, int k, const char *where,
+				ErrorData *edata)
+{
+	long		pause = Min((long) TRANSIENT_PAUSE_MIN_MS << Min(k, 6),
+							TRANSIENT_PAUSE_MAX_MS);
+
+	ereport(LOG,
+			(errmsg("outbox inbox: subscription \"%s\": the handler failed at %s with a transient error, trying again in %ld ms",
+					sub->name, where, pause),
+			 errdetail("%s (SQLSTATE %s)", edata->message,
+					   unpack_sql_state(edata->sqlerrcode))));
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 pause, outbox_wait_event(OUTBOX_WAIT_ERROR_BACKOFF));
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
+}
+
+/*
  * After a run failed at a record: decide its verdict.  A transient error
  * (or a cancel) leaves it undecided for another run, after a pause, until
  * the record failed so in outbox.inbox_max_attempts runs; any other error
@@ -253,19 +247,7 @@ judge(InboxSubscription *sub, Verdict *v, const char *where, Failure *failure)
 	if ((failure->cancelled || inbox_sqlstate_is_transient(edata->sqlerrcode)) &&
 		v->transient + 1 < outbox_inbox_max_attempts)
 	{
-		long		pause = Min((long) TRANSIENT_PAUSE_MIN_MS << Min(v->transient, 6),
-								TRANSIENT_PAUSE_MAX_MS);
-
-		v->transient++;
-		ereport(LOG,
-				(errmsg("outbox inbox: subscription \"%s\": the handler failed at %s with a transient error, trying again in %ld ms",
-						sub->name, where, pause),
-				 errdetail("%s (SQLSTATE %s)", edata->message,
-						   unpack_sql_state(edata->sqlerrcode))));
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 pause, outbox_wait_event(OUTBOX_WAIT_ERROR_BACKOFF));
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
+		transient_pause(sub, v->transient++, where, edata);
 		return false;
 	}
 	v->failed = true;
@@ -285,8 +267,8 @@ judge(InboxSubscription *sub, Verdict *v, const char *where, Failure *failure)
  * transaction back (which also undoes the handler's user, settings and
  * SPI), and note which record was being settled.
  */
-static void
-catch_failure(Failure *failure, volatile int *current, MemoryContext cxt)
+void
+inbox_run_catch(Failure *failure, volatile int *current, MemoryContext cxt)
 {
 	bool		timed_out;
 
@@ -309,8 +291,8 @@ catch_failure(Failure *failure, volatile int *current, MemoryContext cxt)
 }
 
 /* is ev's key among those that failed in this run? */
-static bool
-held_here(HeldKeys *held, const InboxEvent *ev)
+bool
+inbox_held_here(HeldKeys *held, const InboxEvent *ev)
 {
 	int			i;
 
@@ -323,10 +305,10 @@ held_here(HeldKeys *held, const InboxEvent *ev)
 	return false;
 }
 
-static void
-hold_key(HeldKeys *held, const InboxEvent *ev)
+void
+inbox_hold_key(HeldKeys *held, const InboxEvent *ev)
 {
-	if (ev->key == NULL || held_here(held, ev))
+	if (ev->key == NULL || inbox_held_here(held, ev))
 		return;
 	if (held->n == held->max)
 	{
@@ -353,7 +335,7 @@ settle(InboxSubscription *sub, InboxEvent *ev, Verdict *v, HeldKeys *held)
 	bool		dedupe = sub->dedupe && ev->has_event_id;
 
 	if (v->failed || (sub->hold && ev->key != NULL &&
-					  (held_here(held, ev) ||
+					  (inbox_held_here(held, ev) ||
 					   (!retry && sub->has_dead && inbox_key_held(sub->name, ev)))))
 	{
 		if (dedupe && inbox_dedupe_seen(sub->name, &ev->event_id))
@@ -363,7 +345,7 @@ settle(InboxSubscription *sub, InboxEvent *ev, Verdict *v, HeldKeys *held)
 			return OUTCOME_DUPLICATE;
 		}
 		if (sub->hold)
-			hold_key(held, ev);
+			inbox_hold_key(held, ev);
 		if (retry)
 			inbox_dead_failed_again(ev->dead_id, v->failed ? v->error : NULL,
 									v->failed ? v->sqlstate : NULL,
@@ -387,8 +369,8 @@ settle(InboxSubscription *sub, InboxEvent *ev, Verdict *v, HeldKeys *held)
 }
 
 /* the transaction's start shared by both kinds of run */
-static void
-begin_run(InboxSubscription *sub)
+void
+inbox_run_begin(InboxSubscription *sub)
 {
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -401,86 +383,13 @@ begin_run(InboxSubscription *sub)
 	sub->has_dead = sub->hold && inbox_dead_exist(sub->name);
 }
 
-static void
-end_run(void)
+void
+inbox_run_end(void)
 {
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
 	pgstat_report_stat(false);
-}
-
-/*
- * One run of a Kafka batch in one transaction: true if it committed (then
- * tallies say what it did per partition), false with *failure set if it
- * rolled back.
- */
-static bool
-run_kafka_batch(InboxSubscription *sub, rd_kafka_message_t **msgs, int n,
-				Verdict *verdicts, Tally *tallies, Failure *failure)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	volatile int current = -1;
-	volatile bool committed = false;
-	volatile bool recreated = false;
-
-	PG_TRY();
-	{
-		HeldKeys	held = {0};
-		int			i;
-
-		inbox_witness_request(sub, msgs, n);
-		begin_run(sub);
-		for (i = 0; i < n; i++)
-		{
-			InboxPartition *part = inbox_find_partition(sub, rd_kafka_topic_name(msgs[i]->rkt),
-														msgs[i]->partition);
-			Tally	   *t;
-			InboxEvent	ev;
-			Outcome		outcome;
-
-			/*
-			 * not ours any more, applied already (before a seek back), or
-			 * stalled (its topic was re-created)
-			 */
-			if (part == NULL || part->stalled ||
-				(part->next_offset >= 0 && msgs[i]->offset < part->next_offset))
-				continue;
-			t = &tallies[part - sub->partitions];
-			current = i;
-			inbox_event_from_message(&ev, msgs[i]);
-			outcome = settle(sub, &ev, &verdicts[i], &held);
-			current = -1;
-			t->touched = true;
-			t->last = msgs[i]->offset;
-			t->last_hash = inbox_witness_hash(msgs[i]);
-			t->applied += outcome == OUTCOME_APPLIED;
-			t->duplicates += outcome == OUTCOME_DUPLICATE;
-		}
-		if (!inbox_witness_verify(sub))
-		{
-			recreated = true;
-			AbortCurrentTransaction();
-		}
-		else
-		{
-			for (i = 0; i < sub->npartitions; i++)
-				if (tallies[i].touched)
-					inbox_offsets_advance(sub, &sub->partitions[i], tallies[i].last + 1,
-										  tallies[i].last_hash, tallies[i].applied,
-										  tallies[i].duplicates);
-			end_run();
-			committed = true;
-		}
-	}
-	PG_CATCH();
-	{
-		catch_failure(failure, &current, cxt);
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	failure->recreated = recreated;
-	return committed;
 }
 
 /*
@@ -545,7 +454,7 @@ run_retry(InboxSubscription *sub, int64 *ids, Verdict *verdicts, int max,
 		int			count;
 		int			i;
 
-		begin_run(sub);
+		inbox_run_begin(sub);
 		/* the retried ones hold their keys only by what fails in this run */
 		sub->has_dead = false;
 		count = inbox_dead_load_retry(sub->name, &events);
@@ -563,12 +472,12 @@ run_retry(InboxSubscription *sub, int64 *ids, Verdict *verdicts, int max,
 			(void) settle(sub, &events[i], &verdicts[i], &held);
 			current = -1;
 		}
-		end_run();
+		inbox_run_end();
 		committed = true;
 	}
 	PG_CATCH();
 	{
-		catch_failure(failure, &current, cxt);
+		inbox_run_catch(failure, &current, cxt);
 	}
 	PG_END_TRY();
 	MemoryContextSwitchTo(cxt);

@@ -23,6 +23,8 @@
  *	  committing an attempt mark on the partition's offsets row
  *	  (attempt_offset, attempts); the apply transaction clears the mark
  *	  with the offset (inbox_offsets.c).
+ *	  A batch handler's call writes the range of its first event's
+ *	  partition: each record of it is then applied alone.
  *	- A record whose mark shows that workers ended inside it
  *	  outbox.inbox_max_attempts times (the first, unmarked, included)
  *	  becomes a dead letter without another call.
@@ -61,6 +63,7 @@ typedef struct Careful
 	char		topic[OUTBOX_TOPIC_MAX_LEN + 1];
 	int32		partition;
 	int64		offset;
+	int64		last;			/* a batch handler's call: up to this offset */
 } Careful;
 
 static Careful careful[OUTBOX_INBOX_MAX_WORKERS_PER_SUBSCRIPTION];
@@ -88,7 +91,7 @@ file_path(char *buf, size_t len, Oid dboid, const char *subscription, int slice)
 static void
 read_line(InboxSubscription *sub, char *line)
 {
-	char	   *fields[4];
+	char	   *fields[5];
 	char	   *save = NULL;
 	char	   *tok;
 	int			n = 0;
@@ -96,22 +99,29 @@ read_line(InboxSubscription *sub, char *line)
 
 	if (line[0] == '#' || line[0] == '\0' || ncareful >= (int) lengthof(careful))
 		return;
-	for (tok = strtok_r(line, "\t\n", &save); tok != NULL && n < 4;
+	for (tok = strtok_r(line, "\t\n", &save); tok != NULL && n < 5;
 		 tok = strtok_r(NULL, "\t\n", &save))
 		fields[n++] = tok;
-	if (n != 4 || strcmp(fields[0], sub->name) != 0)
+	if (n < 4 || strcmp(fields[0], sub->name) != 0)
 		return;
 	c = &careful[ncareful];
 	strlcpy(c->topic, fields[1], sizeof(c->topic));
 	c->partition = (int32) strtol(fields[2], NULL, 10);
 	c->offset = strtoll(fields[3], NULL, 10);
+	c->last = n == 5 ? strtoll(fields[4], NULL, 10) : c->offset;
 	if (inbox_partition_slice(c->topic, c->partition, sub->nslices) != sub->slice)
 		return;
 	c->active = true;
 	ncareful++;
-	ereport(LOG,
-			(errmsg("outbox inbox: a previous worker ended in the handler of subscription \"%s\" at topic \"%s\", partition %d, offset %lld; that record is applied alone",
-					sub->name, c->topic, c->partition, (long long) c->offset)));
+	if (c->last == c->offset)
+		ereport(LOG,
+				(errmsg("outbox inbox: a previous worker ended in the handler of subscription \"%s\" at topic \"%s\", partition %d, offset %lld; that record is applied alone",
+						sub->name, c->topic, c->partition, (long long) c->offset)));
+	else
+		ereport(LOG,
+				(errmsg("outbox inbox: a previous worker ended in the batch handler of subscription \"%s\" at topic \"%s\", partition %d, offsets %lld to %lld; each of those records is applied alone",
+						sub->name, c->topic, c->partition, (long long) c->offset,
+						(long long) c->last)));
 }
 
 /*
@@ -193,7 +203,7 @@ inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 	if (strcmp(sub->name, careful_subscription) != 0)
 		return false;
 	for (i = 0; i < ncareful; i++)
-		if (careful[i].active && careful[i].offset == offset &&
+		if (careful[i].active && careful[i].offset <= offset && offset <= careful[i].last &&
 			careful[i].partition == part->partition &&
 			strcmp(careful[i].topic, part->topic) == 0)
 			return true;
@@ -202,20 +212,22 @@ inbox_attempts_careful(InboxSubscription *sub, InboxPartition *part,
 
 /*
  * inbox_attempts_calling
- *		Write down that the handler of subscription is called for ev now
- *		(see the file header).  A failed write is ignored: the file only
- *		bounds crash loops.
+ *		Write down that the handler of subscription is called for ev now,
+ *		and, for a batch handler, for the records of ev's partition up to
+ *		last_offset (see the file header).  A failed write is ignored: the
+ *		file only bounds crash loops.
  */
 void
-inbox_attempts_calling(const char *subscription, const InboxEvent *ev)
+inbox_attempts_calling(const char *subscription, const InboxEvent *ev,
+					   int64 last_offset)
 {
 	char		line[NAMEDATALEN + OUTBOX_TOPIC_MAX_LEN + 64];
 	int			len;
 
 	if (file < 0)
 		return;
-	len = snprintf(line, sizeof(line), "%s\t%s\t%d\t%lld\n", subscription, ev->topic,
-				   ev->partition, (long long) ev->offset);
+	len = snprintf(line, sizeof(line), "%s\t%s\t%d\t%lld\t%lld\n", subscription, ev->topic,
+				   ev->partition, (long long) ev->offset, (long long) last_offset);
 	if (pwrite(file, line, Min(len, (int) sizeof(line) - 1), 0) < 0)
 		return;
 }
@@ -250,7 +262,7 @@ inbox_attempts_end_batch(InboxSubscription *sub)
 			if (careful[c].active &&
 				sub->partitions[i].partition == careful[c].partition &&
 				strcmp(sub->partitions[i].topic, careful[c].topic) == 0 &&
-				sub->partitions[i].next_offset > careful[c].offset)
+				sub->partitions[i].next_offset > careful[c].last)
 				careful[c].active = false;
 }
 

@@ -13,10 +13,13 @@
  * most twice it), and no id is ever deleted row by row, so the table makes
  * no dead tuples and needs no vacuum for its retention.
  *
- * One worker applies a subscription's events, one partition's in one
- * transaction after another, so a check and the insert that follows it
- * never race; should two appliers meet (see inbox_offsets.c), the unique
- * index makes the second wait for the first and then see the id.
+ * A Kafka batch probes both slots for all its ids with one statement and
+ * records the ids it applies with another (inbox_batch.c); a retried dead
+ * letter does it one id at a time.  The record comes before the apply:
+ * should two appliers meet on one id (two workers of a subscription whose
+ * producer wrote a copy to another partition, see inbox_offsets.c), the
+ * unique index makes the second wait for the first and then skip the id,
+ * a duplicate.
  *
  *-------------------------------------------------------------------------
  */
@@ -28,6 +31,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "storage/lmgr.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
@@ -43,6 +47,8 @@
 
 static SPIPlanPtr probe_plans[2];
 static SPIPlanPtr insert_plans[2];
+static SPIPlanPtr seen_many_plan = NULL;
+static SPIPlanPtr record_many_plans[2];
 static int	current_slot = 0;
 static TimestampTz last_rotate_check = 0;
 
@@ -155,6 +161,123 @@ inbox_dedupe_record(const char *subscription, const pg_uuid_t *id)
 	return SPI_processed == 1;
 }
 
+/* a uuid[] Datum of ids[0..n-1] */
+static Datum
+uuid_array(const pg_uuid_t *ids, int n)
+{
+	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
+	int			i;
+
+	for (i = 0; i < n; i++)
+		elems[i] = UUIDPGetDatum((pg_uuid_t *) &ids[i]);
+	return PointerGetDatum(construct_array(elems, n, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR));
+}
+
+static int
+seen_id_cmp(const void *a, const void *b)
+{
+	return memcmp(a, b, UUID_LEN);
+}
+
+/*
+ * inbox_dedupe_seen_many
+ *		For each of ids[0..n-1], was it applied by subscription within the
+ *		window (in either slot)?  Into seen[].  One statement for the batch;
+ *		records nothing.
+ */
+void
+inbox_dedupe_seen_many(const char *subscription, const pg_uuid_t *ids, int n,
+					   bool *seen)
+{
+	Datum		values[2];
+	int			ret;
+	uint64		r;
+
+	memset(seen, 0, sizeof(bool) * n);
+	if (n == 0)
+		return;
+	if (seen_many_plan == NULL)
+	{
+		Oid			types[2] = {TEXTOID, UUIDARRAYOID};
+
+		seen_many_plan = keep_plan("SELECT u.i::integer FROM pg_catalog.unnest($2) WITH ORDINALITY AS u(id, i)"
+								   " WHERE EXISTS (SELECT 1 FROM outbox.inbox_seen_0 AS s"
+								   "                WHERE s.slot = 0 AND s.subscription = $1 AND s.event_id = u.id)"
+								   "    OR EXISTS (SELECT 1 FROM outbox.inbox_seen_1 AS s"
+								   "                WHERE s.slot = 1 AND s.subscription = $1 AND s.event_id = u.id)",
+								   2, types);
+	}
+	values[0] = CStringGetTextDatum(subscription);
+	values[1] = uuid_array(ids, n);
+	ret = SPI_execute_plan(seen_many_plan, values, NULL, true, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "outbox inbox: probing the seen ids failed: %s",
+			 SPI_result_code_string(ret));
+	for (r = 0; r < SPI_processed; r++)
+	{
+		bool		isnull;
+		int			i = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r],
+													SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (i >= 1 && i <= n)
+			seen[i - 1] = true;
+	}
+}
+
+/*
+ * inbox_dedupe_record_many
+ *		Record ids[0..n-1] (distinct) as applied by subscription in the
+ *		current slot, with one statement; recorded[i] false for an id some
+ *		other transaction recorded first (it waited for it to commit: a
+ *		duplicate, not to be applied).  Rolls back with the transaction.
+ */
+void
+inbox_dedupe_record_many(const char *subscription, const pg_uuid_t *ids, int n,
+						 bool *recorded)
+{
+	Datum		values[2];
+	int			ret;
+	int			slot = current_slot;
+	pg_uuid_t  *got;
+	uint64		r;
+	int			i;
+
+	memset(recorded, 0, sizeof(bool) * n);
+	if (n == 0)
+		return;
+	if (record_many_plans[slot] == NULL)
+	{
+		Oid			types[2] = {TEXTOID, UUIDARRAYOID};
+
+		record_many_plans[slot] = keep_plan(slot == 0 ?
+											"INSERT INTO outbox.inbox_seen_0 (slot, subscription, event_id)"
+											" SELECT 0, $1, u.id FROM pg_catalog.unnest($2) AS u(id)"
+											" ON CONFLICT DO NOTHING RETURNING event_id" :
+											"INSERT INTO outbox.inbox_seen_1 (slot, subscription, event_id)"
+											" SELECT 1, $1, u.id FROM pg_catalog.unnest($2) AS u(id)"
+											" ON CONFLICT DO NOTHING RETURNING event_id",
+											2, types);
+	}
+	values[0] = CStringGetTextDatum(subscription);
+	values[1] = uuid_array(ids, n);
+	ret = SPI_execute_plan(record_many_plans[slot], values, NULL, false, 0);
+	if (ret != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "outbox inbox: recording seen ids failed: %s",
+			 SPI_result_code_string(ret));
+	got = palloc(sizeof(pg_uuid_t) * Max(SPI_processed, 1));
+	for (r = 0; r < SPI_processed; r++)
+	{
+		bool		isnull;
+
+		memcpy(&got[r], DatumGetUUIDP(SPI_getbinval(SPI_tuptable->vals[r],
+													SPI_tuptable->tupdesc, 1, &isnull)),
+			   UUID_LEN);
+	}
+	qsort(got, SPI_processed, sizeof(pg_uuid_t), seen_id_cmp);
+	for (i = 0; i < n; i++)
+		recorded[i] = bsearch(&ids[i], got, SPI_processed, sizeof(pg_uuid_t), seen_id_cmp) != NULL;
+}
+
 /*
  * inbox_dedupe_rotate_if_due
  *		At most once a minute (four times per window when it is shorter),
@@ -231,7 +354,12 @@ inbox_dedupe_forget_plans(void)
 			SPI_freeplan(probe_plans[i]);
 		if (insert_plans[i])
 			SPI_freeplan(insert_plans[i]);
-		probe_plans[i] = insert_plans[i] = NULL;
+		if (record_many_plans[i])
+			SPI_freeplan(record_many_plans[i]);
+		probe_plans[i] = insert_plans[i] = record_many_plans[i] = NULL;
 	}
+	if (seen_many_plan)
+		SPI_freeplan(seen_many_plan);
+	seen_many_plan = NULL;
 	last_rotate_check = 0;
 }

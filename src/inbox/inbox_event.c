@@ -33,6 +33,7 @@
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
@@ -349,6 +350,27 @@ inbox_event_datum(const InboxEvent *ev, const char *subscription)
 	nulls[11] = !ev->has_timestamp;
 	tuple = heap_form_tuple(event_desc, values, nulls);
 	return HeapTupleGetDatum(tuple);
+}
+
+/*
+ * inbox_event_array
+ *		evs[0..n-1] for subscription as an outbox.inbox_event[] Datum, in
+ *		that order, in the current memory context.  Call in a transaction.
+ */
+Datum
+inbox_event_array(InboxEvent **evs, int n, const char *subscription)
+{
+	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		elems[i] = inbox_event_datum(evs[i], subscription);
+	get_typlenbyvalalign(inbox_event_type_oid(), &typlen, &typbyval, &typalign);
+	return PointerGetDatum(construct_array(elems, n, inbox_event_type_oid(),
+										   typlen, typbyval, typalign));
 }
 
 /*

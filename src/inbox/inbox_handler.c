@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * inbox_handler.c
- *	  What applying one event means: calling the subscription's handler,
- *	  or in queue mode inserting the event into outbox.inbox.
+ *	  What applying events means: calling the subscription's handler (once
+ *	  per event, or once per batch for a batch handler), or in queue mode
+ *	  inserting the events into outbox.inbox.
  *
  * The handler runs as the role that subscribed, never as the worker's
  * superuser: the worker switches to that role with
@@ -10,7 +11,8 @@
  * applies changes as the table owner, and maintenance commands run index
  * functions), so the handler, and any trigger it fires, cannot SET ROLE,
  * create temporary objects or leave session state behind.  Settings the
- * handler changes are undone after each call (a GUC nest level), and
+ * handlers change are undone after each batch (a GUC nest level; a worker
+ * applies one subscription, so one role), and
  * search_path is "$user", public during the call unless the function sets
  * its own (CREATE FUNCTION ... SET search_path, which is recommended).
  * The worker's own statements keep search_path = pg_catalog, pg_temp.
@@ -44,6 +46,7 @@
 static FmgrInfo handler_flinfo;
 static Oid	handler_oid = InvalidOid;
 static SPIPlanPtr queue_plan = NULL;
+static SPIPlanPtr queue_many_plan = NULL;
 
 /* when the current handler call began; 0 outside a call */
 static TimestampTz call_started = 0;
@@ -117,68 +120,161 @@ queue_event(InboxSubscription *sub, const InboxEvent *ev)
 			 SPI_result_code_string(ret));
 }
 
-/*
- * Call the handler with ev as sub's owner (see the file header).
- */
-static void
-call_handler(InboxSubscription *sub, const InboxEvent *ev)
-{
-	LOCAL_FCINFO(fcinfo, 1);
-	Oid			save_userid;
-	int			save_sec;
-	int			save_nestlevel;
-	Datum		arg = inbox_event_datum(ev, sub->name);
+/* the handler scope entered (inbox_handler_enter), to leave */
+static bool in_scope = false;
+static Oid	scope_userid;
+static int	scope_sec;
+static int	scope_nestlevel;
 
-	Assert(handler_oid == sub->handler);
-	/* a reload of outbox.inbox_handler_timeout applies from this call on */
+/* a reload that came before a handler call applies to it */
+static void
+reload_if_pending(void)
+{
 	if (ConfigReloadPending)
 	{
 		ConfigReloadPending = false;
 		outbox_reload_config_file();
 		inbox_config_reloaded = true;
 	}
-	GetUserIdAndSecContext(&save_userid, &save_sec);
+}
+
+/*
+ * inbox_handler_enter
+ *		Become sub's owner for the handler calls of a batch (see the file
+ *		header): SECURITY_RESTRICTED_OPERATION, a GUC nest level, the
+ *		handlers' search_path.  Once per batch; inbox_handler_leave() undoes
+ *		it, and so does a rollback (inbox_handler_cleanup()).
+ */
+void
+inbox_handler_enter(InboxSubscription *sub)
+{
+	reload_if_pending();
+	GetUserIdAndSecContext(&scope_userid, &scope_sec);
 	SetUserIdAndSecContext(sub->owner,
-						   save_sec | SECURITY_LOCAL_USERID_CHANGE |
+						   scope_sec | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
-	save_nestlevel = NewGUCNestLevel();
+	scope_nestlevel = NewGUCNestLevel();
 	(void) set_config_option("search_path", "\"$user\", public",
 							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
 							 true, 0, false);
+	in_scope = true;
+}
 
+/*
+ * inbox_handler_leave
+ *		End the scope of inbox_handler_enter(): undo every setting the
+ *		handlers changed, SET and set_config(..., false) included, as VACUUM
+ *		and ANALYZE do after running a table owner's code (a setting can
+ *		carry a tenant for row-level security into the next batch), and
+ *		release session advisory locks (the worker's session outlives the
+ *		batch, so a lock a handler forgot would be held until it exits).
+ */
+void
+inbox_handler_leave(void)
+{
+	if (!in_scope)
+		return;
+	AtEOXact_GUC(false, scope_nestlevel);
+	LockReleaseSession(USER_LOCKMETHOD);
+	SetUserIdAndSecContext(scope_userid, scope_sec);
+	in_scope = false;
+}
+
+/* invoke the handler on arg, under outbox.inbox_handler_timeout */
+static void
+invoke(Datum arg, const char *subscription, const InboxEvent *first,
+	   int64 last_offset)
+{
+	LOCAL_FCINFO(fcinfo, 1);
+
+	reload_if_pending();
 	call_started = GetCurrentTimestamp();
 	if (outbox_inbox_handler_timeout > 0)
 		enable_timeout_after(STATEMENT_TIMEOUT, outbox_inbox_handler_timeout);
-
 	InitFunctionCallInfoData(*fcinfo, &handler_flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = arg;
 	fcinfo->args[0].isnull = false;
-	inbox_attempts_calling(sub->name, ev);
-	inbox_applying = sub->name;
+	inbox_attempts_calling(subscription, first, last_offset);
+	inbox_applying = subscription;
 	(void) FunctionCallInvoke(fcinfo);
 	inbox_applying = NULL;
 	inbox_attempts_called();
-
 	if (outbox_inbox_handler_timeout > 0)
 		disable_timeout(STATEMENT_TIMEOUT, false);
 	call_started = 0;
+}
 
-	/*
-	 * Undo every setting the handler changed, SET and set_config(..., false)
-	 * included, as VACUUM and ANALYZE do after running a table owner's code:
-	 * the next handler may belong to another role, and a setting can carry
-	 * a tenant for row-level security.  Session advisory locks go too: the
-	 * worker's session outlives the call, so a lock a handler forgot would
-	 * be held until the worker exits.
-	 */
-	AtEOXact_GUC(false, save_nestlevel);
-	LockReleaseSession(USER_LOCKMETHOD);
-	SetUserIdAndSecContext(save_userid, save_sec);
+/*
+ * inbox_handler_call
+ *		Call sub's per-event handler with ev, inside inbox_handler_enter().
+ *		Any error propagates (the caller rolls back).
+ */
+void
+inbox_handler_call(InboxSubscription *sub, const InboxEvent *ev)
+{
+	Assert(in_scope && handler_oid == sub->handler && !sub->batch_handler);
+	invoke(inbox_event_datum(ev, sub->name), sub->name, ev, ev->offset);
+}
+
+/*
+ * inbox_handler_call_batch
+ *		Call sub's batch handler once with evs[0..n-1] (n >= 1) as an
+ *		outbox.inbox_event[] in that order, inside inbox_handler_enter().
+ *		Any error propagates.
+ */
+void
+inbox_handler_call_batch(InboxSubscription *sub, InboxEvent **evs, int n)
+{
+	int64		last = evs[0]->offset;
+	int			i;
+
+	Assert(in_scope && handler_oid == sub->handler && sub->batch_handler);
+	/* the in-flight record: the range of the first event's partition */
+	for (i = 1; i < n; i++)
+		if (evs[i]->partition == evs[0]->partition &&
+			strcmp(evs[i]->topic, evs[0]->topic) == 0)
+			last = evs[i]->offset;
+	invoke(inbox_event_array(evs, n, sub->name), sub->name, evs[0], last);
+}
+
+/*
+ * inbox_queue_batch
+ *		Queue mode: insert evs[0..n-1] into outbox.inbox, in that order, with
+ *		one statement, as the worker.
+ */
+void
+inbox_queue_batch(InboxSubscription *sub, InboxEvent **evs, int n)
+{
+	Datum		values[1];
+	int			ret;
+
+	if (queue_many_plan == NULL)
+	{
+		Oid			types[1] = {get_array_type(inbox_event_type_oid())};
+
+		queue_many_plan = SPI_prepare("INSERT INTO outbox.inbox (subscription, topic, kafka_partition,"
+									  " kafka_offset, key, event_id, event_type, aggregate_type, headers,"
+									  " payload, payload_bytes, kafka_timestamp)"
+									  " SELECT e.subscription, e.topic, e.kafka_partition, e.kafka_offset, e.key,"
+									  "        e.event_id, e.event_type, e.aggregate_type, e.headers, e.payload,"
+									  "        e.payload_bytes, e.kafka_timestamp"
+									  "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS e"
+									  "  ORDER BY e.ordinality",
+									  1, types);
+		if (queue_many_plan == NULL || SPI_keepplan(queue_many_plan) != 0)
+			elog(ERROR, "outbox inbox: could not prepare the queue insert");
+	}
+	values[0] = inbox_event_array(evs, n, sub->name);
+	ret = SPI_execute_plan(queue_many_plan, values, NULL, false, 0);
+	if (ret != SPI_OK_INSERT || SPI_processed != (uint64) n)
+		elog(ERROR, "outbox inbox: queueing events failed: %s",
+			 SPI_result_code_string(ret));
 }
 
 /*
  * inbox_apply_event
- *		Apply ev for sub in the current transaction: call its handler, or
+ *		Apply ev for sub in the current transaction, alone (a retried dead
+ *		letter): call its handler (a batch handler with an array of one), or
  *		queue it.  Any error propagates; the caller rolls the transaction
  *		back (which also restores the user, the settings and the timeout
  *		this sets).
@@ -186,10 +282,19 @@ call_handler(InboxSubscription *sub, const InboxEvent *ev)
 void
 inbox_apply_event(InboxSubscription *sub, const InboxEvent *ev)
 {
+	InboxEvent *one = (InboxEvent *) ev;
+
 	if (sub->handler_text == NULL)
+	{
 		queue_event(sub, ev);
+		return;
+	}
+	inbox_handler_enter(sub);
+	if (sub->batch_handler)
+		inbox_handler_call_batch(sub, &one, 1);
 	else
-		call_handler(sub, ev);
+		inbox_handler_call(sub, ev);
+	inbox_handler_leave();
 }
 
 /*
@@ -205,6 +310,10 @@ inbox_handler_cleanup(void)
 	bool		timed_out = false;
 
 	inbox_applying = NULL;
+	/* the rollback undid the user and the settings; session locks stay */
+	if (in_scope)
+		LockReleaseSession(USER_LOCKMETHOD);
+	in_scope = false;
 	if (call_started != 0)
 	{
 		disable_timeout(STATEMENT_TIMEOUT, false);
@@ -218,7 +327,7 @@ inbox_handler_cleanup(void)
 
 /*
  * inbox_handler_forget_plans
- *		Drop the kept queue plan; prepared again at next use.
+ *		Drop the kept queue plans; prepared again at next use.
  */
 void
 inbox_handler_forget_plans(void)
@@ -226,4 +335,7 @@ inbox_handler_forget_plans(void)
 	if (queue_plan != NULL)
 		SPI_freeplan(queue_plan);
 	queue_plan = NULL;
+	if (queue_many_plan != NULL)
+		SPI_freeplan(queue_many_plan);
+	queue_many_plan = NULL;
 }

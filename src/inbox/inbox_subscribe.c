@@ -246,8 +246,9 @@ check_topics(ArrayType *topics)
 
 /*
  * The handler: a plain function (not a procedure, not returning a set) of
- * exactly one outbox.inbox_event argument (42P13), which the caller may
- * execute (42501).
+ * exactly one argument, outbox.inbox_event (per event) or
+ * outbox.inbox_event[] (per batch) (42P13), which the caller may execute
+ * (42501).
  */
 static void
 check_handler(Oid handler)
@@ -262,14 +263,16 @@ check_handler(Oid handler)
 				 errmsg("function with OID %u does not exist", handler)));
 	proc = (Form_pg_proc) GETSTRUCT(tuple);
 	fits = proc->prokind == PROKIND_FUNCTION && !proc->proretset &&
-		proc->pronargs == 1 && proc->proargtypes.values[0] == inbox_event_type_oid();
+		proc->pronargs == 1 &&
+		(proc->proargtypes.values[0] == inbox_event_type_oid() ||
+		 proc->proargtypes.values[0] == get_array_type(inbox_event_type_oid()));
 	ReleaseSysCache(tuple);
 	if (!fits)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
 				 errmsg("%s cannot be an inbox handler", format_procedure(handler)),
-				 errdetail("A handler is a function of one argument of type outbox.inbox_event that returns no set."),
-				 errhint("CREATE FUNCTION h(e outbox.inbox_event) RETURNS void ...")));
+				 errdetail("A handler is a function of one argument of type outbox.inbox_event (called per event) or outbox.inbox_event[] (called per batch) that returns no set."),
+				 errhint("CREATE FUNCTION h(e outbox.inbox_event) RETURNS void ..., or h(events outbox.inbox_event[]).")));
 	if (outbox_proc_aclcheck(handler, GetUserId(), ACL_EXECUTE) != ACLCHECK_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

@@ -29,6 +29,7 @@
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 static InboxSubscription *subscription_from_row(HeapTuple row, TupleDesc desc);
@@ -143,6 +144,15 @@ subscription_from_row(HeapTuple row, TupleDesc desc)
 	d = SPI_getbinval(row, desc, 5, &isnull);
 	sub->handler = isnull ? InvalidOid : DatumGetObjectId(d);
 	sub->handler_missing = sub->handler_text != NULL && !OidIsValid(sub->handler);
+	if (OidIsValid(sub->handler))
+	{
+		Oid		   *argtypes;
+		int			nargs;
+
+		(void) get_func_signature(sub->handler, &argtypes, &nargs);
+		sub->batch_handler = nargs == 1 &&
+			argtypes[0] == get_array_type(inbox_event_type_oid());
+	}
 	sub->hold = DatumGetBool(SPI_getbinval(row, desc, 6, &isnull));
 	sub->dedupe = DatumGetBool(SPI_getbinval(row, desc, 7, &isnull));
 	sub->start_from = TextDatumGetCString(SPI_getbinval(row, desc, 8, &isnull));

@@ -15,7 +15,7 @@
  * by the same compare-and-set (inbox_offsets.c).  Before a batch that
  * continues right after the witness commits, a second consumer of the
  * worker, the probe, reads the record at the witness's offset from Kafka
- * as it is now.  It is asked when the batch starts and answered while the
+ * as it is now (librdkafka's simple consumer: a fetch from an offset).  It is asked when the batch starts and answered while the
  * handler runs, so it costs one fetch per batch in parallel with the
  * apply.  A different record there means another topic: the batch is
  * rolled back and run again without that partition, which stalls until
@@ -67,10 +67,10 @@ typedef struct Question
 	int64		offset;
 	uint64		hash;
 	Answer		answer;
+	rd_kafka_topic_t *rkt;		/* the probe's fetch of this partition */
 } Question;
 
 static rd_kafka_t *probe = NULL;
-static rd_kafka_queue_t *probe_queue = NULL;
 static Question questions[PROBE_MAX];
 static int	nquestions = 0;
 
@@ -84,7 +84,8 @@ static struct
 static int	nrecreated = 0;
 
 static bool ensure_probe(InboxSubscription *sub);
-static void take_answers(int wait_ms);
+static void take_answer(Question *q, int wait_ms);
+static void stop_questions(void);
 static void stall(InboxSubscription *sub, InboxPartition *p, bool first);
 
 /*
@@ -114,10 +115,10 @@ inbox_witness_hash(const rd_kafka_message_t *m)
 void
 inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 {
-	rd_kafka_topic_partition_list_t *list;
 	int			i;
 
-	nquestions = 0;
+	/* a run that failed left its questions */
+	stop_questions();
 	for (i = 0; i < n && nquestions < PROBE_MAX; i++)
 	{
 		InboxPartition *p = inbox_find_partition(sub, rd_kafka_topic_name(msgs[i]->rkt),
@@ -135,6 +136,7 @@ inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 		questions[nquestions].offset = p->witness_offset;
 		questions[nquestions].hash = p->witness_hash;
 		questions[nquestions].answer = ANSWER_WAITING;
+		questions[nquestions].rkt = NULL;
 		nquestions++;
 	}
 	if (nquestions == 0 || !ensure_probe(sub))
@@ -142,12 +144,20 @@ inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 		nquestions = 0;
 		return;
 	}
-	list = rd_kafka_topic_partition_list_new(nquestions);
+	/*
+	 * The simple consumer, a fetch per partition from an offset: no
+	 * assignment to change twice per batch (librdkafka 2.0.2 aborts on an
+	 * assign undone before its partitions started).
+	 */
 	for (i = 0; i < nquestions; i++)
-		rd_kafka_topic_partition_list_add(list, questions[i].part->topic,
-										  questions[i].part->partition)->offset = questions[i].offset;
-	(void) rd_kafka_assign(probe, list);
-	rd_kafka_topic_partition_list_destroy(list);
+	{
+		Question   *q = &questions[i];
+
+		q->rkt = rd_kafka_topic_new(probe, q->part->topic, NULL);
+		if (q->rkt == NULL ||
+			rd_kafka_consume_start(q->rkt, q->part->partition, q->offset) != 0)
+			q->answer = ANSWER_CANNOT_TELL;
+	}
 }
 
 /*
@@ -176,13 +186,18 @@ inbox_witness_verify(InboxSubscription *sub)
 		if (!waiting)
 			break;
 		if (GetCurrentTimestamp() >= deadline)
+		{
+			stop_questions();
 			ereport(ERROR,
 					(errcode(ERRCODE_CONNECTION_FAILURE),
 					 errmsg("Kafka did not show the last applied record of subscription \"%s\" within %d ms",
 							sub->name, PROBE_TIMEOUT_MS),
 					 errhint("The batch is rolled back and applied again.")));
+		}
 		CHECK_FOR_INTERRUPTS();
-		take_answers(100);
+		for (i = 0; i < nquestions; i++)
+			if (questions[i].answer == ANSWER_WAITING)
+				take_answer(&questions[i], 100);
 	}
 	for (i = 0; i < nquestions; i++)
 		if (questions[i].answer == ANSWER_OTHER)
@@ -190,45 +205,46 @@ inbox_witness_verify(InboxSubscription *sub)
 			stall(sub, questions[i].part, true);
 			same = false;
 		}
-	if (nquestions > 0)
-		(void) rd_kafka_assign(probe, NULL);
-	nquestions = 0;
+	stop_questions();
 	return same;
 }
 
-/* the probe's records and errors, matched with the questions */
+/* a record (or an error) of q's partition from the probe, if one comes in wait_ms */
 static void
-take_answers(int wait_ms)
+take_answer(Question *q, int wait_ms)
 {
-	rd_kafka_message_t *msgs[64];
-	ssize_t		n = rd_kafka_consume_batch_queue(probe_queue, wait_ms, msgs, lengthof(msgs));
-	ssize_t		i;
+	rd_kafka_message_t *m = rd_kafka_consume(q->rkt, q->part->partition, wait_ms);
 
 	rd_kafka_poll(probe, 0);
-	for (i = 0; i < n; i++)
+	if (m == NULL)
+		return;
+	if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET ||
+		m->err == RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE)
+		q->answer = ANSWER_CANNOT_TELL; /* retention passed it */
+	else if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		;						/* end of partition, a broker hiccup: wait */
+	else if (m->offset > q->offset)
+		q->answer = ANSWER_CANNOT_TELL; /* compacted away */
+	else if (m->offset == q->offset)
+		q->answer = inbox_witness_hash(m) == q->hash ? ANSWER_SAME : ANSWER_OTHER;
+	rd_kafka_message_destroy(m);
+}
+
+/* stop the probe's fetches and forget the questions */
+static void
+stop_questions(void)
+{
+	int			i;
+
+	for (i = 0; i < nquestions; i++)
 	{
-		rd_kafka_message_t *m = msgs[i];
-		int			q;
-
-		for (q = 0; m->rkt != NULL && q < nquestions; q++)
-		{
-			Question   *qu = &questions[q];
-
-			if (qu->answer != ANSWER_WAITING || qu->part->partition != m->partition ||
-				strcmp(qu->part->topic, rd_kafka_topic_name(m->rkt)) != 0)
-				continue;
-			if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET ||
-				m->err == RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE)
-				qu->answer = ANSWER_CANNOT_TELL;	/* retention passed it */
-			else if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
-				continue;
-			else if (m->offset > qu->offset)
-				qu->answer = ANSWER_CANNOT_TELL;	/* compacted away */
-			else if (m->offset == qu->offset)
-				qu->answer = inbox_witness_hash(m) == qu->hash ? ANSWER_SAME : ANSWER_OTHER;
-		}
-		rd_kafka_message_destroy(m);
+		if (questions[i].rkt == NULL)
+			continue;
+		(void) rd_kafka_consume_stop(questions[i].rkt, questions[i].part->partition);
+		rd_kafka_topic_destroy(questions[i].rkt);
+		questions[i].rkt = NULL;
 	}
+	nquestions = 0;
 }
 
 /* the probe, built once per worker from the consumer's settings */
@@ -254,7 +270,6 @@ ensure_probe(InboxSubscription *sub)
 				(errcode(ERRCODE_CONFIG_FILE_ERROR),
 				 errmsg("could not create the inbox's probe consumer")));
 	}
-	probe_queue = rd_kafka_queue_get_consumer(probe);
 	return true;
 }
 
@@ -321,11 +336,8 @@ inbox_witness_restall(InboxSubscription *sub)
 void
 inbox_witness_destroy(void)
 {
-	if (probe_queue != NULL)
-		rd_kafka_queue_destroy(probe_queue);
+	stop_questions();
 	if (probe != NULL)
 		rd_kafka_destroy_flags(probe, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
-	probe_queue = NULL;
 	probe = NULL;
-	nquestions = 0;
 }

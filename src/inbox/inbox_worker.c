@@ -84,7 +84,8 @@ pg_noreturn static void inbox_loop(void);
 static void recover_from_error(void);
 static bool extension_exists(void);
 pg_noreturn static void exit_gone(const char *why);
-static void watch_paused(InboxSubscription *sub);
+static bool unwatched(InboxSubscription *sub);
+static void watch_unassigned(InboxSubscription *sub);
 static void reload(void);
 static void refresh(bool force);
 static int	apply_ready(void);
@@ -311,7 +312,8 @@ refresh(bool force)
 	if (sub == NULL || sub->copy)
 		return;
 	if (sub->consumer != NULL &&
-		(sub->npartitions < sub->ntopics || inbox_consumer_broker_down(sub, why, sizeof(why))) &&
+		(sub->npartitions < sub->ntopics || inbox_consumer_broker_down(sub, why, sizeof(why)) ||
+		 unwatched(sub)) &&
 		TimestampDifferenceExceeds(last_refresh, now, REFRESH_BUSY_MS))
 		due = true;
 	/* a handler created again, a setting allowing superusers: look again */
@@ -331,10 +333,9 @@ refresh(bool force)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (sub->paused)
-		watch_paused(sub);
-	else if (inbox_consumer_refresh(sub, METADATA_TIMEOUT_MS))
+	if (!sub->paused && inbox_consumer_refresh(sub, METADATA_TIMEOUT_MS))
 		inbox_offsets_resolve_seeks(sub);
+	watch_unassigned(sub);
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
@@ -342,13 +343,30 @@ refresh(bool force)
 		inbox_consumer_assign(sub);
 }
 
+/* is a partition of this slice not fetched (paused, stalled) without a known end? */
+static bool
+unwatched(InboxSubscription *sub)
+{
+	int			i;
+
+	for (i = 0; i < sub->npartitions; i++)
+	{
+		InboxPartition *p = &sub->partitions[i];
+
+		if (p->status >= 0 && (sub->paused || p->stalled) && !p->watched)
+			return true;
+	}
+	return false;
+}
+
 /*
- * A paused subscription: ask Kafka for the high watermark of each of its
- * partitions in this slice, so that outbox.inbox_status shows the lag that
+ * The partitions of this slice that are not fetched (all of a paused
+ * subscription, the stalled ones): ask Kafka for their high watermarks,
+ * which no fetch brings, so that outbox.inbox_status shows the lag that
  * builds up; stops between two requests when asked to exit.
  */
 static void
-watch_paused(InboxSubscription *sub)
+watch_unassigned(InboxSubscription *sub)
 {
 	int			i;
 
@@ -358,12 +376,14 @@ watch_paused(InboxSubscription *sub)
 		int64		high;
 
 		CHECK_FOR_INTERRUPTS();
-		if (p->status < 0)
+		if (p->status < 0 || !(sub->paused || p->stalled))
 			continue;
 		if (!inbox_consumer_resolve_end(sub, p->topic, p->partition, &high))
 			break;
 		inbox_status_watermark(p->status, high);
-		inbox_status_set(p->status, INBOX_STATE_PAUSED, NULL);
+		p->watched = true;
+		if (sub->paused)
+			inbox_status_set(p->status, INBOX_STATE_PAUSED, NULL);
 	}
 }
 

@@ -138,8 +138,8 @@ def test_lag_while_paused_and_while_stalled(env, app):
     as_app(conn, "SELECT outbox.resume_subscription('it_iso_lag')")
     settled(conn, "it_iso_lag", 4)
     as_app(conn, "SELECT outbox.inbox_seek('it_iso_lag', %s, 0, 1000000::bigint)", (topic,))
-    rows = wait_until(lambda: (lambda rs: rs if rs[0]["state"] == "stalled" else None)(status(conn, "it_iso_lag")),
-                      TIMEOUT_S, "stalled past the end")
+    rows = wait_until(lambda: (lambda rs: rs if rs[0]["state"] == "stalled" and rs[0]["lag"] is not None else None)(
+        status(conn, "it_iso_lag")), TIMEOUT_S, "stalled past the end, with its lag")
     assert rows[0]["lag"] == 4 - 1000000, rows
 
 
