@@ -13,6 +13,9 @@
  *    Same columns: CREATE OR REPLACE VIEW keeps the view and its grants.
  * 2. The comments of the view, of inbox_worker_partitions() and of
  *    cluster_status() (kind inbox_launcher) say so.
+ * 5. Queue mode drains a hot key (issue 37): outbox.inbox_keys, one row
+ *    per key with pending events, filled from outbox.inbox here;
+ *    inbox_take() locks key rows instead of walking the backlog.
  * 4. subscribe() takes a batch handler, h(events outbox.inbox_event[])
  *    (issue 37): its comment says so.
  * 3. outbox.inbox_offsets gets a witness per partition (offset and
@@ -107,3 +110,35 @@ COMMENT ON FUNCTION outbox.cluster_status() IS
 
 COMMENT ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, boolean, text) IS
 'Subscribes this database to Kafka topics (exact names) when the calling transaction commits. handler(e outbox.inbox_event) is called once per event, or handler(events outbox.inbox_event[]) once per batch with the batch''s new events in arrival order (schema 1.9), as the calling role, in the transaction that records the events'' Kafka offsets; NULL queues the events in outbox.inbox for outbox.inbox_take(). on_failed_event: hold (later events of a failed event''s key wait) or skip; dedupe: drop events whose event_id was applied within outbox.inbox_dedupe_window; start_from: earliest, latest or a timestamp. The caller needs EXECUTE on the handler; a superuser may subscribe only when outbox.inbox_superuser_subscriptions is on. Errors: 22023 bad name, topics, option or start_from; 42710 a subscription of that name exists; 42P13 the handler is not a function of one outbox.inbox_event argument; 42501 no EXECUTE on the handler, or a superuser not allowed.';
+
+CREATE TABLE outbox.inbox_keys (
+    subscription    text NOT NULL,
+    topic           text NOT NULL,
+    key             text NOT NULL,
+    first_id        bigint NOT NULL,
+    pending         bigint NOT NULL,
+    PRIMARY KEY (subscription, topic, key)
+) WITH (fillfactor = 50);
+CREATE INDEX inbox_keys_first_idx ON outbox.inbox_keys (subscription, first_id);
+CREATE INDEX inbox_nokey_idx ON outbox.inbox (subscription, id) WHERE key IS NULL;
+SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_keys', '');
+
+COMMENT ON TABLE outbox.inbox_keys IS
+'Queue mode: one row per subscription, topic and key that has pending events in outbox.inbox, with the lowest pending id (schema 1.9); outbox.inbox_take() locks these rows so that one taker drains a key while the others skip it.';
+COMMENT ON COLUMN outbox.inbox_keys.subscription IS
+'The subscription.';
+COMMENT ON COLUMN outbox.inbox_keys.topic IS
+'The Kafka topic.';
+COMMENT ON COLUMN outbox.inbox_keys.key IS
+'The message key (events without a key have no row: they have no order to keep).';
+COMMENT ON COLUMN outbox.inbox_keys.first_id IS
+'The lowest outbox.inbox.id of the key''s pending events: keys are taken oldest first.';
+COMMENT ON COLUMN outbox.inbox_keys.pending IS
+'How many events of the key are pending: a take locks keys until they hold the events it may return.';
+REVOKE ALL ON TABLE outbox.inbox_keys FROM PUBLIC;
+INSERT INTO outbox.inbox_keys (subscription, topic, key, first_id, pending)
+SELECT subscription, topic, key, pg_catalog.min(id), pg_catalog.count(*) FROM outbox.inbox
+ WHERE key IS NOT NULL GROUP BY subscription, topic, key;
+
+COMMENT ON FUNCTION outbox.inbox_take(text, integer) IS
+'Queue mode: deletes and returns up to max events of the subscription from outbox.inbox, in id order, inside the calling transaction: several events of a key in key order, from the keys with the oldest pending events, skipping keys (and key-less events) other transactions took and have not committed, so that two takers never reorder a key (schema 1.9; each call costs what it returns). A rolled-back take gives them back; a committed one applied them exactly once. The caller must be the owner or a member of it, or a superuser. Errors: 42704 no such subscription, 22023 max below 1, or a subscription with a handler (its events are applied, not queued).';

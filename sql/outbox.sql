@@ -750,6 +750,40 @@ COMMENT ON SEQUENCE outbox.inbox_id_seq IS
 'Identity sequence of outbox.inbox.id; pg_dump keeps its position.';
 
 /*
+ * Queue mode's keys (schema 1.9): one row per topic and key with pending
+ * events in outbox.inbox, with the lowest pending id.  inbox_take() locks
+ * key rows (FOR UPDATE SKIP LOCKED, oldest first), so a taker works through
+ * several events of a key while other takers skip that key, and each call
+ * costs what it returns, not the backlog.  The worker upserts the rows in
+ * the queue insert's statement; a take moves first_id on or deletes the
+ * row of a key it drained.
+ */
+CREATE TABLE outbox.inbox_keys (
+    subscription    text NOT NULL,
+    topic           text NOT NULL,
+    key             text NOT NULL,
+    first_id        bigint NOT NULL,
+    pending         bigint NOT NULL,
+    PRIMARY KEY (subscription, topic, key)
+) WITH (fillfactor = 50);
+CREATE INDEX inbox_keys_first_idx ON outbox.inbox_keys (subscription, first_id);
+CREATE INDEX inbox_nokey_idx ON outbox.inbox (subscription, id) WHERE key IS NULL;
+SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_keys', '');
+
+COMMENT ON TABLE outbox.inbox_keys IS
+'Queue mode: one row per subscription, topic and key that has pending events in outbox.inbox, with the lowest pending id (schema 1.9); outbox.inbox_take() locks these rows so that one taker drains a key while the others skip it.';
+COMMENT ON COLUMN outbox.inbox_keys.subscription IS
+'The subscription.';
+COMMENT ON COLUMN outbox.inbox_keys.topic IS
+'The Kafka topic.';
+COMMENT ON COLUMN outbox.inbox_keys.key IS
+'The message key (events without a key have no row: they have no order to keep).';
+COMMENT ON COLUMN outbox.inbox_keys.first_id IS
+'The lowest outbox.inbox.id of the key''s pending events: keys are taken oldest first.';
+COMMENT ON COLUMN outbox.inbox_keys.pending IS
+'How many events of the key are pending: a take locks keys until they hold the events it may return.';
+
+/*
  * Dead letters: events whose handler failed (error and SQLSTATE kept), and
  * with on_failed_event = hold the later events of their key (held).
  */
@@ -899,7 +933,7 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.inbox_take(text, integer) IS
-'Queue mode: deletes and returns up to max events of the subscription from outbox.inbox, in id order, inside the calling transaction: only the first pending event of each topic and key, skipping rows other transactions took and have not committed. A rolled-back take gives them back; a committed one applied them exactly once. The caller must be the owner or a member of it, or a superuser. Errors: 42704 no such subscription, 22023 max below 1, or a subscription with a handler (its events are applied, not queued).';
+'Queue mode: deletes and returns up to max events of the subscription from outbox.inbox, in id order, inside the calling transaction: several events of a key in key order, from the keys with the oldest pending events, skipping keys (and key-less events) other transactions took and have not committed, so that two takers never reorder a key (schema 1.9; each call costs what it returns). A rolled-back take gives them back; a committed one applied them exactly once. The caller must be the owner or a member of it, or a superuser. Errors: 42704 no such subscription, 22023 max below 1, or a subscription with a handler (its events are applied, not queued).';
 
 /* status: shared memory of the inbox worker, with the tables */
 CREATE FUNCTION outbox.inbox_worker_partitions(
@@ -1033,6 +1067,7 @@ REVOKE ALL ON TABLE outbox.inbox_seen_0 FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.inbox_seen_1 FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.inbox_seen_window FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.inbox FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.inbox_keys FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.inbox_dead FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.inbox_status FROM PUBLIC;
 

@@ -391,6 +391,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 		"DELETE FROM outbox.inbox WHERE subscription = $1",
 		"DELETE FROM outbox.inbox_dead WHERE subscription = $1",
 		"DELETE FROM outbox.inbox_offsets WHERE subscription = $1",
+		"DELETE FROM outbox.inbox_keys WHERE subscription = $1",
 		"DELETE FROM outbox.inbox_seen WHERE subscription = $1",
 	};
 	uint64		counts[lengthof(deletes)];

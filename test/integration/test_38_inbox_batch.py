@@ -120,3 +120,59 @@ def test_a_failing_batch_is_bisected_to_its_poison_event(env, app):
     calls = query_one(conn, "SELECT count(*) FROM it_b_poison_calls")[0]
     # rolled-back calls are not in the table: the committed ones are O(log n) pieces
     assert calls <= 20, f"{calls} committed calls: not a bisection"
+
+
+def test_four_takers_drain_ten_hot_keys_in_key_order(env, app):
+    """Queue mode with few keys: each take returns up to max events, several of a key, while other
+    takers skip that key; every key's events are committed in order, each once."""
+    import threading
+    conn = app
+    topic = new_topic(env, "hot")
+    query(conn, f"SET ROLE {APP_ROLE}")
+    try:
+        query(conn, "SELECT outbox.subscribe('it_b_hot', %s)", ([topic],))
+    finally:
+        query(conn, "RESET ROLE")
+    query(conn, "DROP TABLE IF EXISTS it_b_taken")
+    query(conn, "DROP SEQUENCE IF EXISTS it_b_taken_seq")
+    query(conn, "CREATE SEQUENCE it_b_taken_seq")
+    query(conn, "CREATE TABLE it_b_taken (key text, n int, seq bigint, taker int, event_id uuid)")
+    n_events = 3000
+    produce(env, topic, [(f"k{i % 10}", json.dumps({"n": i}).encode(), relay_headers(str(uuid.uuid4())))
+                         for i in range(n_events)], partition=0)
+    wait_until(lambda: query_one(conn, "SELECT count(*) FROM outbox.inbox WHERE subscription = 'it_b_hot'")[0]
+               == n_events, TIMEOUT_S, "every event queued")
+    sizes = []
+    errors = []
+
+    def taker(t):
+        c = pg_connect(env, autocommit=False)
+        try:
+            while True:
+                with c.cursor() as cur:
+                    cur.execute("INSERT INTO it_b_taken (key, n, seq, taker, event_id)"
+                                " SELECT key, (payload->>'n')::int, nextval('it_b_taken_seq'), %s, event_id"
+                                "   FROM outbox.inbox_take('it_b_hot', 100) ORDER BY id", (t,))
+                    got = cur.rowcount
+                c.commit()
+                sizes.append(got)
+                if got == 0 and not query(c, "SELECT 1 FROM outbox.inbox WHERE subscription = 'it_b_hot' LIMIT 1"):
+                    c.commit()
+                    return
+                c.commit()
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+        finally:
+            c.close()
+    threads = [threading.Thread(target=taker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert query_one(conn, "SELECT count(*), count(DISTINCT event_id) FROM it_b_taken") == (n_events, n_events), \
+        (sizes[:20], query_one(conn, "SELECT count(*) FROM outbox.inbox WHERE subscription = 'it_b_hot'"))
+    rows = query(conn, "SELECT key, array_agg(n ORDER BY seq) FROM it_b_taken GROUP BY key")
+    assert len(rows) == 10 and all(ns == sorted(ns) for _, ns in rows), "a key was reordered"
+    assert max(sizes) > 10, f"takes returned at most {max(sizes)} events: one per key"
+    assert query_one(conn, "SELECT count(*) FROM outbox.inbox_keys WHERE subscription = 'it_b_hot'")[0] == 0

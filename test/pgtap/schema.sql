@@ -233,7 +233,7 @@ SELECT ok(coalesce(btrim(obj_description('outbox.retry_failed()'::regprocedure, 
 SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
              FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
           ARRAY['outbox.events', 'outbox.events_id_seq', 'outbox.inbox', 'outbox.inbox_dead',
-                'outbox.inbox_dead_id_seq', 'outbox.inbox_id_seq', 'outbox.inbox_offsets',
+                'outbox.inbox_dead_id_seq', 'outbox.inbox_id_seq', 'outbox.inbox_keys', 'outbox.inbox_offsets',
                 'outbox.inbox_seen_0', 'outbox.inbox_seen_1',
                 'outbox.relay_progress', 'outbox.subscriptions'],
           'outbox.events, its id sequence, the relay progress and the inbox''s tables are configuration tables (dumped by pg_dump)');
@@ -243,7 +243,7 @@ SELECT has_view('outbox', 'status', 'view outbox.status exists');
 SELECT views_are('outbox', ARRAY['status', 'inbox_status'], 'schema outbox has exactly the views status and inbox_status');
 SELECT tables_are('outbox', ARRAY['events', 'relay', 'relay_progress', 'subscriptions', 'inbox_offsets',
                                   'inbox_seen', 'inbox_seen_0', 'inbox_seen_1', 'inbox_seen_window',
-                                  'inbox', 'inbox_dead'],
+                                  'inbox', 'inbox_dead', 'inbox_keys'],
                   'schema outbox has exactly the tables events, relay, relay_progress and the inbox''s');
 SELECT columns_are('outbox', 'relay_progress', ARRAY['system_identifier', 'snapshot', 'id_floor',
                    'batch_snapshot', 'batch_id_floor', 'batch_last_id'],
@@ -370,7 +370,7 @@ $$, 'every table, sequence and view of the inbox has a comment');
 SELECT is_empty($$
     SELECT c.relname || '.' || a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
      WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p')
-       AND c.relname IN ('subscriptions', 'inbox_offsets', 'inbox_seen', 'inbox_seen_window', 'inbox', 'inbox_dead')
+       AND c.relname IN ('subscriptions', 'inbox_offsets', 'inbox_seen', 'inbox_seen_window', 'inbox', 'inbox_dead', 'inbox_keys')
        AND a.attnum > 0 AND NOT a.attisdropped
        AND coalesce(btrim(col_description(c.oid, a.attnum)), '') = ''
 $$, 'every column of the inbox''s tables has a comment');
