@@ -9,7 +9,7 @@
 
 EXTENSION = outbox
 # the current version: outbox.control's default_version must say the same (checked below)
-EXTVERSION = 1.8
+EXTVERSION = 1.9
 MODULE_big = outbox
 # every .c of src/ and of its folders (src/README.md: one folder per part of
 # the data path, each with a README naming its files in data-path order)
