@@ -27,7 +27,7 @@
  *    ran (schema outbox included: DROP EXTENSION leaves it behind, with its
  *    grants) must end by resetting pg_init_privs to what a fresh install
  *    records: copy the DO block at the end of this file, with its list of
- *    pg_monitor's grants brought up to date (outbox--1.2--1.3.sql does so).
+ *    pg_monitor's and outbox_subscriber's grants brought up to date (outbox--1.2--1.3.sql does so).
  */
 
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
@@ -58,6 +58,22 @@ BEGIN
     END IF;
 END
 $guard$;
+
+/*
+ * outbox_subscriber (1.9): the role that carries every grant a subscribing
+ * role needs (granted at the end of this file), as pg_monitor does for
+ * monitoring.  Roles belong to the cluster: made unless another database's
+ * CREATE EXTENSION made it.
+ */
+DO $role$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'outbox_subscriber') THEN
+        CREATE ROLE outbox_subscriber NOLOGIN;
+    END IF;
+END
+$role$;
+COMMENT ON ROLE outbox_subscriber IS
+'Made by CREATE EXTENSION outbox (1.9): may use the inbox''s SQL API and read outbox.inbox_status, and the rows of outbox.subscriptions and outbox.inbox_dead of the subscriptions whose owner''s privileges the reader has. GRANT outbox_subscriber TO a role that subscribes.';
 
 /*
  * outbox.uuidv7(): time-ordered event ids (UUID version 7, RFC 9562), the
@@ -566,7 +582,7 @@ CREATE TABLE outbox.subscriptions (
 SELECT pg_catalog.pg_extension_config_dump('outbox.subscriptions', '');
 
 COMMENT ON TABLE outbox.subscriptions IS
-'Inbox subscriptions of this database, one row each: written by outbox.subscribe(), outbox.unsubscribe(), outbox.pause_subscription() and outbox.resume_subscription(), never directly. pg_dump keeps them.';
+'Inbox subscriptions of this database, one row each: written by outbox.subscribe(), outbox.unsubscribe(), outbox.pause_subscription() and outbox.resume_subscription(), never directly. A reader other than a superuser sees the rows whose owner''s privileges it has (row-level security). pg_dump keeps them.';
 COMMENT ON COLUMN outbox.subscriptions.name IS
 'The subscription''s name (1 to 63 bytes), unique in the database.';
 COMMENT ON COLUMN outbox.subscriptions.owner IS
@@ -580,7 +596,7 @@ COMMENT ON COLUMN outbox.subscriptions.on_failed_event IS
 COMMENT ON COLUMN outbox.subscriptions.dedupe IS
 'True: an event whose event_id was applied within outbox.inbox_dedupe_window is dropped as a duplicate. Events without an id are covered by the offsets alone.';
 COMMENT ON COLUMN outbox.subscriptions.start_from IS
-'Where partitions known at the first start begin: earliest, latest or a timestamp. Partitions and topics that appear later always begin at their first offset.';
+'Where partitions known at the first start begin: earliest, latest, an offset or a timestamp. Partitions and topics that appear later always begin at their first offset.';
 COMMENT ON COLUMN outbox.subscriptions.started IS
 'True once the worker placed the partitions of the first start (start_from no longer applies).';
 COMMENT ON COLUMN outbox.subscriptions.paused IS
@@ -662,7 +678,7 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_seen_0', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_seen_1', '');
 
 COMMENT ON TABLE outbox.inbox_seen IS
-'Event ids the inbox applied, per subscription, in two slots (partitions) that take turns: ids are kept at least outbox.inbox_dedupe_window and are dropped a slot at a time, never row by row. Written by the inbox worker only.';
+'Event ids the inbox applied, per subscription name, in two slots (partitions) that take turns: ids are kept at least outbox.inbox_dedupe_window and are dropped a slot at a time, never row by row, also after outbox.unsubscribe() (a subscription of the same name still skips them). Written by the inbox worker only.';
 COMMENT ON COLUMN outbox.inbox_seen.slot IS
 '0 or 1: the partition; outbox.inbox_seen_window says which one new ids go into.';
 COMMENT ON COLUMN outbox.inbox_seen.subscription IS
@@ -815,7 +831,7 @@ COMMENT ON SEQUENCE outbox.inbox_dead_id_seq IS
 'Identity sequence of outbox.inbox_dead.id; pg_dump keeps its position.';
 
 COMMENT ON TABLE outbox.inbox_dead IS
-'Inbox dead letters: events whose handler failed (held false: error, sqlstate, attempts) and, with on_failed_event = hold, later events of the same topic and key that wait behind them (held true). outbox.inbox_retry() applies them again in id order.';
+'Inbox dead letters: events whose handler failed (held false: error, sqlstate, attempts) and, with on_failed_event = hold, later events of the same topic and key that wait behind them (held true). outbox.inbox_retry() applies them again in id order. A reader other than a superuser sees those of the subscriptions whose owner''s privileges it has (row-level security).';
 COMMENT ON COLUMN outbox.inbox_dead.id IS
 'Arrival order; a retry applies dead letters in this order.';
 COMMENT ON COLUMN outbox.inbox_dead.subscription IS
@@ -855,6 +871,26 @@ COMMENT ON COLUMN outbox.inbox_dead.failed_at IS
 COMMENT ON COLUMN outbox.inbox_dead.retry IS
 'Set by outbox.inbox_retry(): the worker applies the event again, then deletes the row; cleared when it fails again.';
 
+/*
+ * Row-level security (1.9): a subscriber reads its own subscriptions and
+ * dead letters.  The extension's functions, its worker and
+ * outbox.inbox_status read them as the tables' owner or a superuser, whom no
+ * policy binds.
+ */
+ALTER TABLE outbox.subscriptions ENABLE ROW LEVEL SECURITY;
+CREATE POLICY subscriptions_of_the_owner ON outbox.subscriptions FOR SELECT
+    USING (pg_catalog.pg_has_role(owner::pg_catalog.oid, 'USAGE'));
+COMMENT ON POLICY subscriptions_of_the_owner ON outbox.subscriptions IS
+'A reader sees the subscriptions whose owner''s privileges it has (those it may manage). Superusers and the table''s owner (the extension''s functions and worker) see all.';
+
+ALTER TABLE outbox.inbox_dead ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dead_letters_of_the_owner ON outbox.inbox_dead FOR SELECT
+    USING (EXISTS (SELECT 1 FROM outbox.subscriptions AS s
+                    WHERE s.name = inbox_dead.subscription
+                      AND pg_catalog.pg_has_role(s.owner::pg_catalog.oid, 'USAGE')));
+COMMENT ON POLICY dead_letters_of_the_owner ON outbox.inbox_dead IS
+'A reader sees the dead letters of the subscriptions whose owner''s privileges it has. Superusers and the table''s owner (the extension''s functions and worker) see all.';
+
 /* the SQL API */
 CREATE FUNCTION outbox.subscribe(name text,
                                  topics text[],
@@ -868,7 +904,7 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, boolean, text) IS
-'Subscribes this database to Kafka topics (exact names) when the calling transaction commits. handler(e outbox.inbox_event) is called once per event, or handler(events outbox.inbox_event[]) once per batch with the batch''s new events in arrival order (schema 1.9), as the calling role, in the transaction that records the events'' Kafka offsets; NULL queues the events in outbox.inbox for outbox.inbox_take(). on_failed_event: hold (later events of a failed event''s key wait) or skip; dedupe: drop events whose event_id was applied within outbox.inbox_dedupe_window; start_from: earliest, latest or a timestamp. The caller needs EXECUTE on the handler; a superuser may subscribe only when outbox.inbox_superuser_subscriptions is on. Errors: 22023 bad name, topics, option or start_from; 42710 a subscription of that name exists; 42P13 the handler is not a function of one outbox.inbox_event argument; 42501 no EXECUTE on the handler, or a superuser not allowed.';
+'Subscribes this database to Kafka topics (exact names) when the calling transaction commits. handler(e outbox.inbox_event) is called once per event, or handler(events outbox.inbox_event[]) once per batch with the batch''s new events in arrival order (schema 1.9), as the calling role, in the transaction that records the events'' Kafka offsets; NULL queues the events in outbox.inbox for outbox.inbox_take(). on_failed_event: hold (later events of a failed event''s key wait) or skip; dedupe: drop events whose event_id was applied within outbox.inbox_dedupe_window, also by a former subscription of the same name (a NOTICE says when there is one); start_from: earliest (or ''-infinity''), latest (or ''infinity''), an offset or a timestamp. The caller needs EXECUTE on the handler; a superuser may subscribe only when outbox.inbox_superuser_subscriptions is on. Errors: 22023 bad name, topics, option or start_from (22007: a start_from that is no timestamp); 42710 a subscription of that name exists; 42P13 the handler is not a function of one outbox.inbox_event or outbox.inbox_event[] argument; 42501 no EXECUTE on the handler, or a superuser not allowed.';
 
 CREATE FUNCTION outbox.unsubscribe(name text)
 RETURNS void
@@ -877,7 +913,7 @@ LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.unsubscribe(text) IS
-'Drops a subscription with its offsets, seen ids, queued events and dead letters (a WARNING counts the events and dead letters dropped). The caller must be the owner or a member of it, or a superuser. Error 42704 if there is no such subscription.';
+'Drops a subscription with its offsets, queued events and dead letters (a WARNING counts the events and dead letters dropped). Its seen event ids stay until outbox.inbox_dedupe_window has passed: subscribing again with the same name starts the offsets again from the start_from given, skips the events whose ids were applied within the window, and applies again the events without an id. The caller must be the owner or a member of it, or a superuser. Error 42704 if there is no such subscription.';
 
 CREATE FUNCTION outbox.pause_subscription(name text)
 RETURNS void
@@ -905,7 +941,7 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.inbox_seek(text, text, integer, bigint) IS
-'Moves a partition''s next offset to kafka_offset (kafka_partition NULL: every known partition of the topic) when the calling transaction commits; a batch the worker is applying meanwhile rolls back (compare-and-set) and the worker goes on from the new offset. The way out of state stalled. Records skipped are not applied, records passed again are (dedupe still drops ids seen within the window). Returns the partitions moved. Same rights as outbox.unsubscribe(); errors 42704 no such subscription, 22023 a negative offset or a topic the subscription does not consume.';
+'Moves a partition''s next offset to kafka_offset (kafka_partition NULL: every known partition of the topic) when the calling transaction commits; a batch the worker is applying meanwhile rolls back (compare-and-set) and the worker goes on from the new offset. The way out of state stalled. Records skipped are not applied, records passed again are (dedupe still drops ids seen within the window); an offset past the end stalls the partition until it is sought again. Returns the partitions moved. Same rights as outbox.unsubscribe(); errors 42704 no such subscription, 22023 a negative offset, a topic the subscription does not consume, or a partition it does not know (the hint lists those it knows).';
 
 CREATE FUNCTION outbox.inbox_seek(subscription text, topic text, kafka_partition integer,
                                   kafka_timestamp timestamptz)
@@ -916,6 +952,16 @@ SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION outbox.inbox_seek(text, text, integer, timestamptz) IS
 'As outbox.inbox_seek(text, text, integer, bigint), to the first record at or after kafka_timestamp (looked up by the worker in Kafka); ''-infinity'' is the partition''s first offset, ''infinity'' its end.';
+
+CREATE FUNCTION outbox.inbox_seek(subscription text, topic text, kafka_partition integer,
+                                  start_from text)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_inbox_seek_position'
+LANGUAGE C VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION outbox.inbox_seek(text, text, integer, text) IS
+'As outbox.inbox_seek(text, text, integer, bigint), to start_from, a position written as subscribe()''s start_from is: earliest (or ''-infinity''), latest (or ''infinity''), an offset, or a timestamp (the first record at or after it). Errors 22023 a negative offset, a topic the subscription does not consume or a partition it does not know; 22007 anything else that is no timestamp.';
 
 CREATE FUNCTION outbox.inbox_retry(subscription text, key text DEFAULT NULL)
 RETURNS bigint
@@ -1057,6 +1103,7 @@ REVOKE ALL ON FUNCTION outbox.pause_subscription(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.resume_subscription(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.inbox_seek(text, text, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.inbox_seek(text, text, integer, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.inbox_seek(text, text, integer, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.inbox_retry(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.inbox_take(text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.inbox_worker_partitions() FROM PUBLIC;
@@ -1080,6 +1127,15 @@ GRANT SELECT ON TABLE outbox.status TO pg_monitor;
 GRANT EXECUTE ON FUNCTION outbox.inbox_worker_partitions() TO pg_monitor;
 GRANT SELECT ON TABLE outbox.inbox_status TO pg_monitor;
 
+/* outbox_subscriber: what a subscribing role needs, as pg_monitor has the status */
+GRANT USAGE ON SCHEMA outbox TO outbox_subscriber;
+GRANT EXECUTE ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, boolean, text),
+      outbox.unsubscribe(text), outbox.pause_subscription(text), outbox.resume_subscription(text),
+      outbox.inbox_seek(text, text, integer, bigint), outbox.inbox_seek(text, text, integer, timestamptz),
+      outbox.inbox_seek(text, text, integer, text), outbox.inbox_retry(text, text),
+      outbox.inbox_take(text, integer), outbox.inbox_worker_partitions() TO outbox_subscriber;
+GRANT SELECT ON TABLE outbox.inbox_status, outbox.subscriptions, outbox.inbox_dead TO outbox_subscriber;
+
 /*
  * Initial privileges (rule 4 above).  The GRANTs and REVOKEs above stored
  * each object's ACL in pg_init_privs.  For objects this script created that is
@@ -1090,7 +1146,8 @@ GRANT SELECT ON TABLE outbox.inbox_status TO pg_monitor;
  * as every update path to this version does: the owner's items, and
  * pg_monitor's USAGE on the schema, EXECUTE on worker_status(),
  * worker_buckets(), cluster_status() and inbox_worker_partitions() and
- * SELECT on status and inbox_status; no user's, no PUBLIC's.
+ * SELECT on status and inbox_status, then outbox_subscriber's (above); no
+ * user's, no PUBLIC's.
  */
 DO $$
 DECLARE
@@ -1099,26 +1156,43 @@ DECLARE
     keep pg_catalog.oid[];
 BEGIN
     FOR r IN
-        SELECT ip.classoid, ip.objoid, ip.objsubid, ip.initprivs, m.priv,
-               CASE ip.classoid
+        WITH granted(classoid, objoid, grantee, priv, n) AS (
+            VALUES ('pg_catalog.pg_namespace'::pg_catalog.regclass,
+                    'outbox'::pg_catalog.regnamespace::pg_catalog.oid, 'pg_monitor'::pg_catalog.regrole, 'USAGE', 1),
+                   ('pg_catalog.pg_proc', 'outbox.worker_status()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE', 1),
+                   ('pg_catalog.pg_proc', 'outbox.cluster_status()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE', 1),
+                   ('pg_catalog.pg_proc', 'outbox.worker_buckets()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE', 1),
+                   ('pg_catalog.pg_class', 'outbox.status'::pg_catalog.regclass, 'pg_monitor', 'SELECT', 1),
+                   ('pg_catalog.pg_proc', 'outbox.inbox_worker_partitions()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE', 1),
+                   ('pg_catalog.pg_class', 'outbox.inbox_status'::pg_catalog.regclass, 'pg_monitor', 'SELECT', 1),
+                   ('pg_catalog.pg_namespace', 'outbox'::pg_catalog.regnamespace, 'outbox_subscriber', 'USAGE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.subscribe(text, text[], regprocedure, text, boolean, text)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.unsubscribe(text)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.pause_subscription(text)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.resume_subscription(text)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.inbox_seek(text, text, integer, bigint)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.inbox_seek(text, text, integer, timestamptz)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.inbox_seek(text, text, integer, text)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.inbox_retry(text, text)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.inbox_take(text, integer)'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_proc', 'outbox.inbox_worker_partitions()'::pg_catalog.regprocedure, 'outbox_subscriber', 'EXECUTE', 2),
+                   ('pg_catalog.pg_class', 'outbox.inbox_status'::pg_catalog.regclass, 'outbox_subscriber', 'SELECT', 2),
+                   ('pg_catalog.pg_class', 'outbox.subscriptions'::pg_catalog.regclass, 'outbox_subscriber', 'SELECT', 2),
+                   ('pg_catalog.pg_class', 'outbox.inbox_dead'::pg_catalog.regclass, 'outbox_subscriber', 'SELECT', 2))
+        SELECT ip.classoid, ip.objoid, ip.objsubid, ip.initprivs, o.owner,
+               ARRAY(SELECT pg_catalog.makeaclitem(g.grantee, o.owner, g.priv, false)
+                       FROM granted AS g
+                      WHERE g.classoid = ip.classoid AND g.objoid = ip.objoid AND ip.objsubid = 0
+                      ORDER BY g.n) AS extra
+          FROM pg_catalog.pg_init_privs ip
+         CROSS JOIN LATERAL (SELECT CASE ip.classoid
                    WHEN 'pg_catalog.pg_class'::pg_catalog.regclass THEN
                        (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = ip.objoid)
                    WHEN 'pg_catalog.pg_proc'::pg_catalog.regclass THEN
                        (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = ip.objoid)
                    WHEN 'pg_catalog.pg_namespace'::pg_catalog.regclass THEN
                        (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.oid = ip.objoid)
-               END AS owner
-          FROM pg_catalog.pg_init_privs ip
-          LEFT JOIN (VALUES ('pg_catalog.pg_namespace'::pg_catalog.regclass,
-                             'outbox'::pg_catalog.regnamespace::pg_catalog.oid, 'USAGE'),
-                            ('pg_catalog.pg_proc', 'outbox.worker_status()'::pg_catalog.regprocedure, 'EXECUTE'),
-                            ('pg_catalog.pg_proc', 'outbox.cluster_status()'::pg_catalog.regprocedure, 'EXECUTE'),
-                            ('pg_catalog.pg_proc', 'outbox.worker_buckets()'::pg_catalog.regprocedure, 'EXECUTE'),
-                            ('pg_catalog.pg_class', 'outbox.status'::pg_catalog.regclass, 'SELECT'),
-                            ('pg_catalog.pg_proc', 'outbox.inbox_worker_partitions()'::pg_catalog.regprocedure, 'EXECUTE'),
-                            ('pg_catalog.pg_class', 'outbox.inbox_status'::pg_catalog.regclass, 'SELECT'))
-                 AS m(classoid, objoid, priv)
-            ON m.classoid = ip.classoid AND m.objoid = ip.objoid AND ip.objsubid = 0
+               END AS owner) AS o
          WHERE (ip.classoid, ip.objoid) IN
                (SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
                  WHERE d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
@@ -1132,10 +1206,8 @@ BEGIN
         acl := ARRAY(SELECT u.a FROM pg_catalog.unnest(r.initprivs) WITH ORDINALITY AS u(a, n)
                       WHERE (SELECT x.grantee FROM pg_catalog.aclexplode(ARRAY[u.a]) AS x LIMIT 1) = r.owner
                       ORDER BY u.n);
-        IF r.priv IS NOT NULL THEN
-            acl := pg_catalog.array_append(acl,
-                pg_catalog.makeaclitem('pg_monitor'::pg_catalog.regrole, r.owner, r.priv, false));
-        END IF;
+        -- then pg_monitor's and outbox_subscriber's, in the order they were granted
+        acl := acl || r.extra;
         IF pg_catalog.cardinality(acl) = 0 THEN   -- aclexplode() refuses '{}'
             keep := '{}';
         ELSE

@@ -111,7 +111,7 @@ typedef struct InboxSubscription
 	char	  **topics;
 	bool		hold;			/* on_failed_event = hold */
 	bool		dedupe;
-	char	   *start_from;		/* earliest, latest or a timestamp */
+	char	   *start_from;		/* earliest, latest, an offset or a time */
 	bool		started;
 	bool		paused;
 	bool		copy;			/* restored elsewhere: apply nothing */
@@ -261,6 +261,29 @@ extern void inbox_attempts_sigterm(SIGNAL_ARGS);
 extern void inbox_attempts_end_batch(InboxSubscription *sub);
 extern int	inbox_attempts_mark(InboxSubscription *sub, InboxPartition *part,
 								int64 offset);
+
+/*
+ * A position in a partition, as subscribe()'s start_from and inbox_seek()
+ * take it (inbox_subscribe.c): earliest ('-infinity'), latest
+ * ('infinity'), an offset, or a time.
+ */
+typedef enum InboxPositionKind
+{
+	INBOX_POSITION_EARLIEST,
+	INBOX_POSITION_LATEST,
+	INBOX_POSITION_OFFSET,
+	INBOX_POSITION_TIME
+} InboxPositionKind;
+
+typedef struct InboxPosition
+{
+	InboxPositionKind kind;
+	int64		offset;			/* INBOX_POSITION_OFFSET */
+	TimestampTz time;			/* INBOX_POSITION_TIME */
+} InboxPosition;
+
+extern void inbox_parse_position(const char *text, const char *what,
+								 InboxPosition *pos);
 
 /* the access checks of the SQL API (inbox_subscribe.c) */
 extern Oid	inbox_check_manage(const char *name, Oid caller, bool drop,

@@ -286,10 +286,19 @@ inbox_consumer_assign(InboxSubscription *sub)
 /*
  * A consumer error for one partition: a stored offset Kafka does not have
  * stalls the partition (it is left out of the next assignment); any other
- * is shown on the partition, or on the worker when it names none.
+ * is shown on the partition, or on the worker when it names none.  msgs
+ * holds the good records polled before m (n of them), not yet applied.
+ *
+ * An offset error names the offset the fetch failed at.  One that is not
+ * where the partition's consumer is now (its next offset, or after the
+ * last of its records in msgs) comes from an assignment replaced since (a
+ * seek to 1000000 followed at once by one to the end): the partition's
+ * fetcher now is another, so it is dropped instead of stalling the
+ * partition at an offset Kafka has.
  */
 static void
-partition_error(InboxSubscription *sub, rd_kafka_message_t *m)
+partition_error(InboxSubscription *sub, rd_kafka_message_t *m,
+				rd_kafka_message_t **msgs, int n)
 {
 	InboxPartition *p = NULL;
 	const char *why = rd_kafka_message_errstr(m);
@@ -298,15 +307,44 @@ partition_error(InboxSubscription *sub, rd_kafka_message_t *m)
 		p = inbox_find_partition(sub, rd_kafka_topic_name(m->rkt), m->partition);
 	if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && p != NULL)
 	{
-		char	   *text = psprintf("Kafka no longer has offset %lld (%s); nothing is applied or skipped until outbox.inbox_seek('%s', '%s', %d, ...)",
-									(long long) p->next_offset, why, sub->name,
-									p->topic, p->partition);
+		int64		at = p->next_offset;
+		int64		low = -1,
+					high = -1;
+		char	   *text;
+		int			i;
 
-		if (!p->stalled)
-			ereport(WARNING,
-					(errmsg("outbox inbox: subscription \"%s\", topic \"%s\", partition %d stalls",
-							sub->name, p->topic, p->partition),
-					 errdetail("%s.", text)));
+		for (i = 0; i < n; i++)
+			if (msgs[i]->partition == p->partition && msgs[i]->offset >= at &&
+				strcmp(rd_kafka_topic_name(msgs[i]->rkt), p->topic) == 0)
+				at = msgs[i]->offset + 1;
+		if (at >= 0 && m->offset >= 0 && m->offset != at)
+		{
+			ereport(DEBUG1,
+					(errmsg("outbox inbox: subscription \"%s\", topic \"%s\", partition %d: dropped an offset error at %lld of an earlier assignment (the consumer is at %lld)",
+							sub->name, p->topic, p->partition, (long long) m->offset, (long long) at)));
+			return;
+		}
+		if (m->offset >= 0)
+			at = m->offset;
+		if (p->stalled)
+			return;
+		/* past the end, or before the first: ask Kafka which, once per stall */
+		if (at >= 0 && sub->consumer != NULL)
+			(void) rd_kafka_query_watermark_offsets(sub->consumer->rk, p->topic, p->partition,
+													&low, &high, 2000);
+		if (at >= 0 && high >= 0 && at > high)
+			text = psprintf("offset %lld is not yet in Kafka: the partition ends at %lld; nothing is applied or skipped until outbox.inbox_seek('%s', '%s', %d, ...)",
+							(long long) at, (long long) high, sub->name, p->topic, p->partition);
+		else if (at >= 0 && low >= 0 && at < low)
+			text = psprintf("Kafka no longer has offset %lld: the partition begins at %lld; nothing is applied or skipped until outbox.inbox_seek('%s', '%s', %d, ...)",
+							(long long) at, (long long) low, sub->name, p->topic, p->partition);
+		else
+			text = psprintf("Kafka has no offset %lld (%s); nothing is applied or skipped until outbox.inbox_seek('%s', '%s', %d, ...)",
+							(long long) at, why, sub->name, p->topic, p->partition);
+		ereport(WARNING,
+				(errmsg("outbox inbox: subscription \"%s\", topic \"%s\", partition %d stalls",
+						sub->name, p->topic, p->partition),
+				 errdetail("%s.", text)));
 		p->stalled = true;
 		sub->reassign = true;
 		inbox_status_set(p->status, INBOX_STATE_STALLED, text);
@@ -355,7 +393,7 @@ inbox_consumer_poll(InboxSubscription *sub, rd_kafka_message_t **msgs, int max,
 			msgs[good++] = msgs[i];
 			continue;
 		}
-		partition_error(sub, msgs[i]);
+		partition_error(sub, msgs[i], msgs, good);
 		rd_kafka_message_destroy(msgs[i]);
 	}
 	if (good > 0)

@@ -16,7 +16,8 @@
  *	- event_id is the "id" header (outbox's Debezium format) or "ce_id"
  *	  (CloudEvents binary mode) when it is a uuid; any other id is hashed
  *	  (MD5) into a name-based uuid, so that copies of it still meet in the
- *	  de-duplication; NULL when there is neither header.
+ *	  de-duplication; NULL when there is neither header, or when it is
+ *	  empty or null (an empty id is no id: see header_id()).
  * Runs in the worker's own thread, inside the apply transaction: an error
  * here (out of memory, a JSON number beyond numeric on PostgreSQL 15)
  * makes the record a dead letter like a handler error would.
@@ -52,6 +53,8 @@ static bool parse_uuid(const char *s, size_t len, pg_uuid_t *out);
 static void hash_uuid(const char *s, size_t len, pg_uuid_t *out);
 static Jsonb *headers_to_jsonb(rd_kafka_headers_t *hdrs);
 static void read_value(InboxEvent *ev, const char *data, size_t len);
+static bool header_id(rd_kafka_headers_t *hdrs, const char *name, const void **value,
+					  size_t *size);
 
 /*
  * inbox_event_type_oid
@@ -111,14 +114,9 @@ inbox_event_from_message(InboxEvent *ev, const rd_kafka_message_t *msg)
 	if (rd_kafka_message_headers(msg, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs != NULL)
 	{
 		ev->headers = headers_to_jsonb(hdrs);
-		if (rd_kafka_header_get_last(hdrs, OUTBOX_HEADER_ID, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR ||
-			rd_kafka_header_get_last(hdrs, OUTBOX_HEADER_CE_ID, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR)
+		if (header_id(hdrs, OUTBOX_HEADER_ID, &value, &size) ||
+			header_id(hdrs, OUTBOX_HEADER_CE_ID, &value, &size))
 		{
-			if (value == NULL)
-			{
-				value = "";
-				size = 0;
-			}
 			ev->has_event_id = true;
 			if (!parse_uuid(value, size, &ev->event_id))
 				hash_uuid(value, size, &ev->event_id);
@@ -142,6 +140,19 @@ inbox_event_from_message(InboxEvent *ev, const rd_kafka_message_t *msg)
 		ev->timestamp = ts * 1000 -
 			((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY);
 	}
+}
+
+/*
+ * The last header called name, into *value and *size, when it has a value
+ * of at least one byte.  An empty or null id is no id: all such ids would
+ * hash alike and their events would be dropped as copies of the first, so
+ * such a record is covered by its offset alone, as one without the header.
+ */
+static bool
+header_id(rd_kafka_headers_t *hdrs, const char *name, const void **value, size_t *size)
+{
+	return rd_kafka_header_get_last(hdrs, name, value, size) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+		*value != NULL && *size > 0;
 }
 
 /*

@@ -26,6 +26,7 @@ PG_FUNCTION_INFO_V1(outbox_pause_subscription);
 PG_FUNCTION_INFO_V1(outbox_resume_subscription);
 PG_FUNCTION_INFO_V1(outbox_inbox_seek_offset);
 PG_FUNCTION_INFO_V1(outbox_inbox_seek_time);
+PG_FUNCTION_INFO_V1(outbox_inbox_seek_position);
 PG_FUNCTION_INFO_V1(outbox_inbox_retry);
 
 /*
@@ -139,9 +140,45 @@ check_seek(FunctionCallInfo fcinfo, char **name, char **topic)
 }
 
 /*
+ * The partitions of topic that subscription name knows (has offsets rows
+ * for), as a list for a message: "0, 1, 2", or NULL when it knows none.
+ */
+static char *
+known_partitions(const char *name, const char *topic)
+{
+	Datum		values[2];
+	Oid			save_userid;
+	int			save_sec;
+	int			ret;
+	bool		isnull;
+	Datum		list;
+	char	   *result = NULL;
+	MemoryContext caller = CurrentMemoryContext;
+
+	values[0] = CStringGetTextDatum(name);
+	values[1] = CStringGetTextDatum(topic);
+	inbox_switch_to_owner(&save_userid, &save_sec);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	ret = SPI_execute_with_args("SELECT pg_catalog.string_agg(kafka_partition::text, ', ' ORDER BY kafka_partition)"
+								"  FROM outbox.inbox_offsets WHERE subscription = $1 AND topic = $2",
+								2, (Oid[]) {TEXTOID, TEXTOID}, values, NULL, true, 1);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: reading the offsets failed: %s", SPI_result_code_string(ret));
+	list = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		result = MemoryContextStrdup(caller, TextDatumGetCString(list));
+	SPI_finish();
+	inbox_switch_back(save_userid, save_sec);
+	return result;
+}
+
+/*
  * Move the offsets of (name, topic, partition or every partition when
- * NULL) to next_offset, with seek_time (NULL: none); a partition given that
- * has no row yet gets one.  Returns the partitions moved.
+ * NULL) to next_offset, with seek_time (NULL: none).  Returns the
+ * partitions moved.  A partition given must be one the subscription knows
+ * (the worker made its row when it saw it in Kafka): 22023 otherwise,
+ * naming those it knows.
  */
 static uint64
 seek(FunctionCallInfo fcinfo, const char *name, const char *topic,
@@ -149,6 +186,8 @@ seek(FunctionCallInfo fcinfo, const char *name, const char *topic,
 {
 	Datum		values[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	uint64		n;
+	char	   *known;
 
 	values[0] = CStringGetTextDatum(name);
 	values[1] = CStringGetTextDatum(topic);
@@ -159,19 +198,27 @@ seek(FunctionCallInfo fcinfo, const char *name, const char *topic,
 		nulls[2] = 'n';
 	if (!has_time)
 		nulls[4] = 'n';
-	if (PG_ARGISNULL(2))
-		return manage(name,
-					  "UPDATE outbox.inbox_offsets SET next_offset = CASE WHEN $5 IS NULL THEN $4 ELSE next_offset END,"
-					  "       seek_time = $5"
-					  " WHERE subscription = $1 AND topic = $2 AND ($3 IS NULL OR kafka_partition = $3)",
-					  5, (Oid[]) {TEXTOID, TEXTOID, INT4OID, INT8OID, TIMESTAMPTZOID}, values, nulls);
-	return manage(name,
-				  "INSERT INTO outbox.inbox_offsets AS o (subscription, topic, kafka_partition, next_offset, seek_time)"
-				  " VALUES ($1, $2, $3, CASE WHEN $5 IS NULL THEN $4 ELSE -2 END, $5)"
-				  " ON CONFLICT (subscription, topic, kafka_partition) DO UPDATE"
-				  "   SET next_offset = CASE WHEN $5 IS NULL THEN $4 ELSE o.next_offset END,"
-				  "       seek_time = $5",
-				  5, (Oid[]) {TEXTOID, TEXTOID, INT4OID, INT8OID, TIMESTAMPTZOID}, values, nulls);
+	n = manage(name,
+			   "UPDATE outbox.inbox_offsets SET next_offset = CASE WHEN $5 IS NULL THEN $4 ELSE next_offset END,"
+			   "       seek_time = $5"
+			   " WHERE subscription = $1 AND topic = $2 AND ($3 IS NULL OR kafka_partition = $3)",
+			   5, (Oid[]) {TEXTOID, TEXTOID, INT4OID, INT8OID, TIMESTAMPTZOID}, values, nulls);
+	if (n > 0 || PG_ARGISNULL(2))
+		return n;
+	known = known_partitions(name, topic);
+	if (known == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("subscription \"%s\" knows no partition %d of topic \"%s\"",
+						name, PG_GETARG_INT32(2), topic),
+				 errdetail("It knows no partition of the topic yet: the topic does not exist, or the inbox has not seen it yet."),
+				 errhint("outbox.inbox_status lists the partitions once the inbox has seen them; before, start_from of outbox.subscribe() says where they begin.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("subscription \"%s\" knows no partition %d of topic \"%s\"",
+					name, PG_GETARG_INT32(2), topic),
+			 errhint("The partitions it knows of the topic are %s (NULL seeks them all).", known)));
+	return 0;					/* keep the compiler quiet */
 }
 
 /*
@@ -190,7 +237,7 @@ outbox_inbox_seek_offset(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a Kafka offset is 0 or more, not %lld", (long long) PG_GETARG_INT64(3)),
-				 errhint("outbox.inbox_seek(..., '-infinity'::timestamptz) seeks to the first offset, 'infinity' to the end.")));
+				 errhint("outbox.inbox_seek(..., 'earliest') seeks to the first offset, 'latest' to the end.")));
 	PG_RETURN_INT64((int64) seek(fcinfo, name, topic, PG_GETARG_INT64(3), (Datum) 0, false));
 }
 
@@ -215,6 +262,36 @@ outbox_inbox_seek_time(PG_FUNCTION_ARGS)
 	if (TIMESTAMP_IS_NOEND(when))
 		PG_RETURN_INT64((int64) seek(fcinfo, name, topic, -1, (Datum) 0, false));
 	PG_RETURN_INT64((int64) seek(fcinfo, name, topic, 0, TimestampTzGetDatum(when), true));
+}
+
+/*
+ * outbox_inbox_seek_position
+ *		SQL: outbox.inbox_seek(subscription text, topic text,
+ *		kafka_partition integer, start_from text) RETURNS bigint.  The
+ *		positions of subscribe()'s start_from (inbox_parse_position):
+ *		earliest or '-infinity', latest or 'infinity', an offset, a time.
+ */
+Datum
+outbox_inbox_seek_position(PG_FUNCTION_ARGS)
+{
+	char	   *name;
+	char	   *topic;
+	InboxPosition pos;
+
+	check_seek(fcinfo, &name, &topic);
+	inbox_parse_position(text_to_cstring(PG_GETARG_TEXT_PP(3)), "start_from", &pos);
+	switch (pos.kind)
+	{
+		case INBOX_POSITION_EARLIEST:
+			PG_RETURN_INT64((int64) seek(fcinfo, name, topic, -2, (Datum) 0, false));
+		case INBOX_POSITION_LATEST:
+			PG_RETURN_INT64((int64) seek(fcinfo, name, topic, -1, (Datum) 0, false));
+		case INBOX_POSITION_OFFSET:
+			PG_RETURN_INT64((int64) seek(fcinfo, name, topic, pos.offset, (Datum) 0, false));
+		case INBOX_POSITION_TIME:
+			break;
+	}
+	PG_RETURN_INT64((int64) seek(fcinfo, name, topic, 0, TimestampTzGetDatum(pos.time), true));
 }
 
 /*

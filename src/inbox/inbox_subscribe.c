@@ -43,8 +43,10 @@ PG_FUNCTION_INFO_V1(outbox_unsubscribe);
 
 static void check_name(const char *name);
 static Datum check_topics(ArrayType *topics);
-static void check_start_from(const char *start_from);
+static char *check_start_from(const char *start_from);
+static void position_context(void *arg);
 static void check_handler(Oid handler);
+static void former_ids_notice(const char *name);
 
 /*
  * inbox_switch_to_owner
@@ -162,28 +164,91 @@ check_name(const char *name)
 				 errmsg("a subscription name must not be only spaces")));
 }
 
-/*
- * start_from: earliest, latest or a finite timestamp.  The timestamp is
- * parsed here (22007 if it is none) so that 'infinity' gets an error that
- * says what to write instead, not a NOT NULL violation of the INSERT.
- */
+/* what a position was given for, in the context line of a bad timestamp */
 static void
+position_context(void *arg)
+{
+	errcontext("%s must be earliest, latest, an offset or a timestamp", (const char *) arg);
+}
+
+/*
+ * inbox_parse_position
+ *		A position as subscribe()'s start_from and inbox_seek() take it, into
+ *		*pos: earliest or '-infinity', latest or 'infinity' (in any case), an
+ *		offset (digits; 22023 when negative), or a timestamp (22007 when it
+ *		is none; an infinite one is earliest or latest).  what names the
+ *		argument in errors.
+ */
+void
+inbox_parse_position(const char *text, const char *what, InboxPosition *pos)
+{
+	const char *digits = text;
+	ErrorContextCallback callback;
+
+	memset(pos, 0, sizeof(*pos));
+	if (pg_strcasecmp(text, "earliest") == 0 || pg_strcasecmp(text, "-infinity") == 0)
+	{
+		pos->kind = INBOX_POSITION_EARLIEST;
+		return;
+	}
+	if (pg_strcasecmp(text, "latest") == 0 || pg_strcasecmp(text, "infinity") == 0 ||
+		pg_strcasecmp(text, "+infinity") == 0)
+	{
+		pos->kind = INBOX_POSITION_LATEST;
+		return;
+	}
+	if (*digits == '-' || *digits == '+')
+		digits++;
+	if (*digits != '\0' && strspn(digits, "0123456789") == strlen(digits))
+	{
+		char	   *end;
+
+		errno = 0;
+		pos->offset = strtoll(text, &end, 10);
+		if (errno != 0 || *end != '\0' || pos->offset < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("a Kafka offset is 0 or more, not %s", text),
+					 errhint("%s may also be earliest, latest or a timestamp.", what)));
+		pos->kind = INBOX_POSITION_OFFSET;
+		return;
+	}
+	callback.callback = position_context;
+	callback.arg = unconstify(char *, what);
+	callback.previous = error_context_stack;
+	error_context_stack = &callback;
+	pos->time = DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
+														CStringGetDatum(text),
+														ObjectIdGetDatum(InvalidOid),
+														Int32GetDatum(-1)));
+	error_context_stack = callback.previous;
+	pos->kind = TIMESTAMP_IS_NOBEGIN(pos->time) ? INBOX_POSITION_EARLIEST :
+		TIMESTAMP_IS_NOEND(pos->time) ? INBOX_POSITION_LATEST : INBOX_POSITION_TIME;
+}
+
+/*
+ * start_from: a position (inbox_parse_position), returned as it is to be
+ * stored: earliest, latest, the offset's digits, or the time as given (the
+ * INSERT writes it in UTC, ISO 8601).
+ */
+static char *
 check_start_from(const char *start_from)
 {
-	TimestampTz ts;
+	InboxPosition pos;
 
-	if (strcmp(start_from, "earliest") == 0 || strcmp(start_from, "latest") == 0)
-		return;
-	ts = DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
-												 CStringGetDatum(start_from),
-												 ObjectIdGetDatum(InvalidOid),
-												 Int32GetDatum(-1)));
-	if (TIMESTAMP_NOT_FINITE(ts))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_DATETIME_FORMAT),
-				 errmsg("start_from must be earliest, latest or a finite timestamp, not \"%s\"",
-						start_from),
-				 errhint("Use 'earliest' for -infinity and 'latest' for infinity.")));
+	inbox_parse_position(start_from, "start_from", &pos);
+	switch (pos.kind)
+	{
+		case INBOX_POSITION_EARLIEST:
+			return pstrdup("earliest");
+		case INBOX_POSITION_LATEST:
+			return pstrdup("latest");
+		case INBOX_POSITION_OFFSET:
+			return psprintf(INT64_FORMAT, pos.offset);
+		case INBOX_POSITION_TIME:
+			break;
+	}
+	return pstrdup(start_from);	/* the INSERT writes it in UTC */
 }
 
 /*
@@ -281,6 +346,29 @@ check_handler(Oid handler)
 }
 
 /*
+ * A subscription of this name was dropped, and the ids it applied are
+ * still within the dedupe window (unsubscribe() keeps them): say that the
+ * new one skips them.  Call with SPI connected, as the extension's owner.
+ */
+static void
+former_ids_notice(const char *name)
+{
+	Datum		values[1] = {CStringGetTextDatum(name)};
+	int			ret;
+
+	ret = SPI_execute_with_args("SELECT 1 FROM outbox.inbox_seen WHERE subscription = $1 LIMIT 1",
+								1, (Oid[]) {TEXTOID}, values, NULL, true, 1);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "outbox: reading the seen ids failed: %s", SPI_result_code_string(ret));
+	if (SPI_processed > 0)
+		ereport(NOTICE,
+				(errmsg("subscription \"%s\" skips the events whose ids a former subscription of that name applied",
+						name),
+				 errdetail("outbox.unsubscribe() keeps the ids seen within outbox.inbox_dedupe_window; events without an id are applied again from start_from."),
+				 errhint("Subscribe with another name, or with dedupe => false, to apply them again.")));
+}
+
+/*
  * outbox_subscribe
  *		SQL: outbox.subscribe(name text, topics text[], handler regprocedure
  *		DEFAULT NULL, on_failed_event text DEFAULT 'hold', dedupe boolean
@@ -327,8 +415,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 				 errmsg("on_failed_event must be hold or skip, not \"%s\"", on_failed)));
 	values[3] = CStringGetTextDatum(on_failed);
 	values[4] = PG_GETARG_DATUM(4);
-	start_from = text_to_cstring(PG_GETARG_TEXT_PP(5));
-	check_start_from(start_from);
+	start_from = check_start_from(text_to_cstring(PG_GETARG_TEXT_PP(5)));
 	values[5] = CStringGetTextDatum(start_from);
 	values[6] = ObjectIdGetDatum(caller);
 	if (superuser_arg(caller) && !outbox_inbox_superuser_subscriptions)
@@ -344,7 +431,7 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 								" on_failed_event, dedupe, start_from, system_identifier, database_oid,"
 								" database_name)"
 								" SELECT $1, $7::pg_catalog.regrole, $2, $3, $4, $5,"
-								"        CASE WHEN $6 IN ('earliest', 'latest') THEN $6"
+								"        CASE WHEN $6 IN ('earliest', 'latest') OR $6 ~ '^[0-9]+$' THEN $6"
 								"             ELSE pg_catalog.to_char($6::timestamptz AT TIME ZONE 'UTC',"
 								"                                     'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') END,"
 								"        c.system_identifier, d.oid, d.datname"
@@ -360,6 +447,8 @@ outbox_subscribe(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("subscription \"%s\" already exists", name),
 				 errhint("Choose another name, or outbox.unsubscribe('%s') first.", name)));
+	if (DatumGetBool(values[4]))
+		former_ids_notice(name);
 	SPI_finish();
 	inbox_switch_back(save_userid, save_sec);
 	outbox_inbox_wake_at_commit();
@@ -370,9 +459,12 @@ outbox_subscribe(PG_FUNCTION_ARGS)
  * outbox_unsubscribe
  *		SQL: outbox.unsubscribe(name text) RETURNS void.
  *
- * Drops the subscription with its offsets, seen ids, queued events and
- * dead letters; a WARNING says how many queued events and dead letters
- * went with it.  The caller needs the owner's privileges (42501); 42704 if
+ * Drops the subscription with its offsets, queued events and dead
+ * letters; a WARNING says how many queued events and dead letters went
+ * with it.  Its seen ids stay in outbox.inbox_seen until the dedupe
+ * window's turns drop them: a subscription made again with the same name
+ * (its offsets start anew, from its start_from) skips the events they
+ * name, instead of applying them a second time.  The caller needs the owner's privileges (42501); 42704 if
  * there is no such subscription.
  */
 Datum
@@ -385,6 +477,7 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 	 * The subscription's row first: the worker holds it FOR KEY SHARE while
 	 * it writes anything of the subscription, so once this DELETE has it,
 	 * what the worker wrote is committed and seen by the DELETEs after it.
+	 * The seen ids stay (see above).
 	 */
 	static const char *const deletes[] = {
 		"DELETE FROM outbox.subscriptions WHERE name = $1",
@@ -392,7 +485,6 @@ outbox_unsubscribe(PG_FUNCTION_ARGS)
 		"DELETE FROM outbox.inbox_dead WHERE subscription = $1",
 		"DELETE FROM outbox.inbox_offsets WHERE subscription = $1",
 		"DELETE FROM outbox.inbox_keys WHERE subscription = $1",
-		"DELETE FROM outbox.inbox_seen WHERE subscription = $1",
 	};
 	uint64		counts[lengthof(deletes)];
 	Oid			save_userid;

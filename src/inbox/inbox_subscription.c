@@ -216,23 +216,30 @@ inbox_free_subscription(InboxSubscription *sub)
  * inbox_start_offset
  *		Where a partition sub has no row for begins: at its first offset (-2)
  *		once sub has started; before, as start_from says: earliest (-2),
- *		latest (-1) or the first record at or after a time (from Kafka).
+ *		latest (-1), an offset, or the first record at or after a time (from
+ *		Kafka).
  */
 int64
 inbox_start_offset(InboxSubscription *sub, const char *topic, int32 partition)
 {
-	TimestampTz when;
+	InboxPosition pos;
 	int64		offset;
 
-	if (sub->started || strcmp(sub->start_from, "earliest") == 0)
+	if (sub->started)
 		return -2;
-	if (strcmp(sub->start_from, "latest") == 0)
-		return -1;
-	when = DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
-												   CStringGetDatum(sub->start_from),
-												   ObjectIdGetDatum(InvalidOid),
-												   Int32GetDatum(-1)));
-	if (!inbox_consumer_resolve_time(sub, topic, partition, when, &offset))
+	inbox_parse_position(sub->start_from, "start_from", &pos);
+	switch (pos.kind)
+	{
+		case INBOX_POSITION_EARLIEST:
+			return -2;
+		case INBOX_POSITION_LATEST:
+			return -1;
+		case INBOX_POSITION_OFFSET:
+			return pos.offset;
+		case INBOX_POSITION_TIME:
+			break;
+	}
+	if (!inbox_consumer_resolve_time(sub, topic, partition, pos.time, &offset))
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("Kafka did not say which offset of topic \"%s\", partition %d is at %s",

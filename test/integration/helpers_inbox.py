@@ -23,7 +23,8 @@ APP_FUNCTIONS = [
     "outbox.subscribe(text, text[], regprocedure, text, boolean, text)",
     "outbox.unsubscribe(text)", "outbox.pause_subscription(text)",
     "outbox.resume_subscription(text)", "outbox.inbox_seek(text, text, integer, bigint)",
-    "outbox.inbox_seek(text, text, integer, timestamptz)", "outbox.inbox_retry(text, text)",
+    "outbox.inbox_seek(text, text, integer, timestamptz)",
+    "outbox.inbox_seek(text, text, integer, text)", "outbox.inbox_retry(text, text)",
     "outbox.inbox_take(text, integer)", "outbox.emit(text, text, text, jsonb, jsonb, text)",
 ]
 

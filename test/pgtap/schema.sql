@@ -5,7 +5,7 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(174);
+SELECT plan(182);
 
 -- the extension and its schema
 SELECT has_extension('outbox', 'extension outbox is installed');
@@ -388,6 +388,28 @@ SELECT is(pg_get_function_arguments('outbox.inbox_take(text, integer)'::regproce
           'subscription text, max integer DEFAULT 100', 'outbox.inbox_take arguments, max defaults to 100');
 SELECT function_returns('outbox', 'inbox_take', ARRAY['text', 'integer'], 'setof outbox.inbox',
                         'outbox.inbox_take returns SETOF outbox.inbox');
+
+-- 1.9: the seek to a position as text, the subscribing role, row-level security
+SELECT function_returns('outbox', 'inbox_seek', ARRAY['text', 'text', 'integer', 'text'], 'bigint',
+                        'outbox.inbox_seek(text, text, integer, text) returns bigint');
+SELECT is(pg_get_function_arguments('outbox.inbox_seek(text, text, integer, text)'::regprocedure),
+          'subscription text, topic text, kafka_partition integer, start_from text',
+          'outbox.inbox_seek takes a position as start_from text');
+SELECT ok(coalesce(btrim(obj_description('outbox.inbox_seek(text, text, integer, text)'::regprocedure, 'pg_proc')), '') <> '',
+          'outbox.inbox_seek(text, text, integer, text) has a comment');
+SELECT has_role('outbox_subscriber', 'role outbox_subscriber exists');
+SELECT ok(NOT (SELECT rolcanlogin OR rolsuper FROM pg_roles WHERE rolname = 'outbox_subscriber'),
+          'outbox_subscriber cannot log in and is no superuser');
+SELECT ok(coalesce(btrim(shobj_description('outbox_subscriber'::regrole, 'pg_authid')), '') <> '',
+          'role outbox_subscriber has a comment');
+SELECT is(ARRAY(SELECT relname::text FROM pg_class WHERE relnamespace = 'outbox'::regnamespace
+                   AND relrowsecurity ORDER BY 1),
+          ARRAY['inbox_dead', 'subscriptions'], 'row-level security is on for outbox.inbox_dead and outbox.subscriptions');
+SELECT is(ARRAY(SELECT c.relname || '.' || p.polname FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid
+                 WHERE c.relnamespace = 'outbox'::regnamespace
+                   AND coalesce(btrim(obj_description(p.oid, 'pg_policy')), '') <> '' ORDER BY 1),
+          ARRAY['inbox_dead.dead_letters_of_the_owner', 'subscriptions.subscriptions_of_the_owner'],
+          'each policy exists and has a comment');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -5,11 +5,12 @@ BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION outbox;
 
-SELECT plan(46);
+SELECT plan(55);
 
 CREATE ROLE outbox_t_nobody;           -- only PUBLIC's rights
 CREATE ROLE outbox_t_app;              -- may emit
 CREATE ROLE outbox_t_monitor IN ROLE pg_monitor;
+CREATE ROLE outbox_t_subscriber IN ROLE outbox_subscriber;   -- subscribes (1.9)
 GRANT USAGE ON SCHEMA outbox TO outbox_t_nobody, outbox_t_app;   -- so table rights are what is tested
 GRANT EXECUTE ON FUNCTION outbox.emit(text, text, text, jsonb, jsonb, text) TO outbox_t_app;
 GRANT USAGE, CREATE ON SCHEMA public TO outbox_t_nobody, outbox_t_app;
@@ -130,6 +131,27 @@ SELECT lives_ok($$SELECT * FROM outbox.cluster_status()$$, 'pg_monitor can read 
 -- outbox.kafka_properties is tested with real secrets in test/integration/test_21_security.py)
 RESET ROLE;
 
+-- outbox_subscriber (1.9) may use the inbox's SQL API and read its status, nothing else
+SET ROLE outbox_t_subscriber;
+SELECT ok(has_schema_privilege('outbox', 'USAGE'), 'outbox_subscriber has USAGE on schema outbox');
+SELECT is_empty($$
+    SELECT f FROM unnest(ARRAY['outbox.subscribe(text, text[], regprocedure, text, boolean, text)',
+                               'outbox.unsubscribe(text)', 'outbox.pause_subscription(text)',
+                               'outbox.resume_subscription(text)', 'outbox.inbox_seek(text, text, integer, bigint)',
+                               'outbox.inbox_seek(text, text, integer, timestamptz)',
+                               'outbox.inbox_seek(text, text, integer, text)', 'outbox.inbox_retry(text, text)',
+                               'outbox.inbox_take(text, integer)', 'outbox.inbox_worker_partitions()']) AS f
+     WHERE NOT has_function_privilege(f, 'EXECUTE')
+$$, 'outbox_subscriber may execute every function of the inbox''s SQL API');
+SELECT lives_ok($$SELECT * FROM outbox.inbox_status$$, 'outbox_subscriber can read outbox.inbox_status');
+SELECT lives_ok($$SELECT * FROM outbox.inbox_dead$$, 'outbox_subscriber can read outbox.inbox_dead (its own rows)');
+SELECT lives_ok($$SELECT * FROM outbox.subscriptions$$, 'outbox_subscriber can read outbox.subscriptions (its own rows)');
+SELECT throws_ok($$SELECT * FROM outbox.inbox_offsets$$, '42501', NULL, 'outbox_subscriber cannot read outbox.inbox_offsets');
+SELECT throws_ok($$SELECT * FROM outbox.inbox$$, '42501', NULL, 'outbox_subscriber cannot read the queued events');
+SELECT throws_ok($$DELETE FROM outbox.inbox_dead$$, '42501', NULL, 'outbox_subscriber cannot delete dead letters');
+SELECT throws_ok($$SELECT outbox.emit('o', '1', 'e', '{}')$$, '42501', NULL, 'outbox_subscriber cannot emit');
+RESET ROLE;
+
 -- the functions run with a fixed search_path, as the extension's owner
 SELECT is_empty($$
     SELECT p.oid::regprocedure::text FROM pg_proc p
@@ -140,7 +162,7 @@ $$, 'every function in schema outbox but uuidv7() (no SQL, called per row) pins 
 SELECT is(ARRAY(SELECT p.proname::text FROM pg_proc p
                  WHERE p.pronamespace = 'outbox'::regnamespace AND NOT p.prosecdef
                  ORDER BY 1),
-          ARRAY['cluster_status', 'inbox_retry', 'inbox_seek', 'inbox_seek', 'inbox_take',
+          ARRAY['cluster_status', 'inbox_retry', 'inbox_seek', 'inbox_seek', 'inbox_seek', 'inbox_take',
                 'inbox_worker_partitions', 'pause_subscription', 'resume_subscription', 'subscribe',
                 'unsubscribe', 'uuidv7', 'worker_buckets', 'worker_status'],
           'every function but the status functions, uuidv7() and the inbox''s SQL API (which checks the caller''s rights itself and writes as the extension''s owner) is SECURITY DEFINER');
