@@ -298,7 +298,7 @@ inbox_offsets_resolve_seeks(InboxSubscription *sub)
 		args[2] = Int32GetDatum(partition);
 		args[3] = TimestampTzGetDatum(when);
 		args[4] = Int64GetDatum(offset);
-		ret = SPI_execute_with_args("UPDATE outbox.inbox_offsets SET next_offset = $5, seek_time = NULL"
+		ret = SPI_execute_with_args("UPDATE outbox.inbox_offsets SET next_offset = $5, seek_time = NULL, witness_offset = NULL"
 									" WHERE subscription = $1 AND topic = $2 AND kafka_partition = $3"
 									"   AND seek_time = $4",
 									5, (Oid[]) {TEXTOID, TEXTOID, INT4OID, TIMESTAMPTZOID, INT8OID},

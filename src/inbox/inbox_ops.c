@@ -200,7 +200,7 @@ seek(FunctionCallInfo fcinfo, const char *name, const char *topic,
 		nulls[4] = 'n';
 	n = manage(name,
 			   "UPDATE outbox.inbox_offsets SET next_offset = CASE WHEN $5 IS NULL THEN $4 ELSE next_offset END,"
-			   "       seek_time = $5"
+			   "       seek_time = $5, witness_offset = NULL, witness_hash = NULL"
 			   " WHERE subscription = $1 AND topic = $2 AND ($3 IS NULL OR kafka_partition = $3)",
 			   5, (Oid[]) {TEXTOID, TEXTOID, INT4OID, INT8OID, TIMESTAMPTZOID}, values, nulls);
 	if (n > 0 || PG_ARGISNULL(2))

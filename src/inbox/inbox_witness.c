@@ -323,7 +323,8 @@ inbox_witness_restall(InboxSubscription *sub)
 	{
 		InboxPartition *p = inbox_find_partition(sub, recreated[i].topic, recreated[i].partition);
 
-		if (p != NULL && p->mine && p->next_offset == recreated[i].next_offset)
+		if (p != NULL && p->mine && p->witness_offset >= 0 &&
+			p->next_offset == recreated[i].next_offset)
 			stall(sub, p, false);
 	}
 }
