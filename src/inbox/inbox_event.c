@@ -16,7 +16,8 @@
  *	- event_id is the "id" header (outbox's Debezium format) or "ce_id"
  *	  (CloudEvents binary mode) when it is a uuid; any other id is hashed
  *	  (MD5) into a name-based uuid, so that copies of it still meet in the
- *	  de-duplication; NULL when there is neither header.
+ *	  de-duplication; NULL when there is neither header with a value (an
+ *	  empty or null id is no id).
  * Runs in the worker's own thread, inside the apply transaction: an error
  * here (out of memory, a JSON number beyond numeric on PostgreSQL 15)
  * makes the record a dead letter like a handler error would.
@@ -110,14 +111,18 @@ inbox_event_from_message(InboxEvent *ev, const rd_kafka_message_t *msg)
 	if (rd_kafka_message_headers(msg, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs != NULL)
 	{
 		ev->headers = headers_to_jsonb(hdrs);
-		if (rd_kafka_header_get_last(hdrs, OUTBOX_HEADER_ID, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR ||
-			rd_kafka_header_get_last(hdrs, OUTBOX_HEADER_CE_ID, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR)
+		/*
+		 * An empty or null id is no id (issue 36 #1): hashed, every such
+		 * record had the same event_id and all but the first were dropped as
+		 * copies, silently.  Such a header is passed over (an "id" without a
+		 * value lets a "ce_id" with one count), and a record with no id that
+		 * has a value is covered by its offset alone.
+		 */
+		if ((rd_kafka_header_get_last(hdrs, OUTBOX_HEADER_ID, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+			 value != NULL && size > 0) ||
+			(rd_kafka_header_get_last(hdrs, OUTBOX_HEADER_CE_ID, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+			 value != NULL && size > 0))
 		{
-			if (value == NULL)
-			{
-				value = "";
-				size = 0;
-			}
 			ev->has_event_id = true;
 			if (!parse_uuid(value, size, &ev->event_id))
 				hash_uuid(value, size, &ev->event_id);
