@@ -35,6 +35,7 @@
 
 #include "common/hashfn.h"
 #include "miscadmin.h"
+#include "storage/pmsignal.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -182,6 +183,15 @@ inbox_witness_verify(InboxSubscription *sub)
 							sub->name, PROBE_TIMEOUT_MS),
 					 errhint("The batch is rolled back and applied again.")));
 		CHECK_FOR_INTERRUPTS();
+
+		/*
+		 * The probe waits in librdkafka, not on the latch, so nothing else
+		 * here notices a postmaster that died (kill -9): without this check
+		 * an orphaned worker went on asking for minutes (test_37, seed 1)
+		 * and held the shared memory the new postmaster must start without.
+		 */
+		if (!PostmasterIsAlive())
+			proc_exit(1);
 		take_answers(100);
 	}
 	for (i = 0; i < nquestions; i++)
