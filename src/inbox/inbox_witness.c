@@ -35,6 +35,7 @@
 
 #include "common/hashfn.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
 #include "storage/pmsignal.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
