@@ -106,6 +106,8 @@ STACKS="${OUTBOX_CI_STACKS:-3}"
 # its reads (test_35: per-aggregate order across the two kinds of tracking), the inbox
 # (test_31_inbox: subscribe, apply, offsets; its registration->mail run under kill -9; its
 # standby, promotion and dump/restore).
+# The fault schedules (test_32 the relay's, test_37 the inbox's) run on the full majors only, 3
+# minutes each by default (OUTBOX_CHAOS_MINUTES).
 # SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only, as do the
 # tests marked full_only (slow checks of nothing that differs between majors; pytest.ini).
 CORE_TESTS=(

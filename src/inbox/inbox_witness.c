@@ -35,6 +35,8 @@
 
 #include "common/hashfn.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/pmsignal.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -195,6 +197,15 @@ inbox_witness_verify(InboxSubscription *sub)
 					 errhint("The batch is rolled back and applied again.")));
 		}
 		CHECK_FOR_INTERRUPTS();
+
+		/*
+		 * The probe waits in librdkafka, not on the latch, so nothing else
+		 * here notices a postmaster that died (kill -9): without this check
+		 * an orphaned worker went on asking for minutes (test_37, seed 1)
+		 * and held the shared memory the new postmaster must start without.
+		 */
+		if (!PostmasterIsAlive())
+			proc_exit(1);
 		for (i = 0; i < nquestions; i++)
 			if (questions[i].answer == ANSWER_WAITING)
 				take_answer(&questions[i], 100);
