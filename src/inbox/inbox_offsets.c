@@ -28,6 +28,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -270,6 +271,8 @@ inbox_offsets_resolve_seeks(InboxSubscription *sub)
 		int64		offset;
 		Datum		args[5];
 
+		/* each partition is a request to Kafka: a stop waits for one only */
+		CHECK_FOR_INTERRUPTS();
 		if (p == NULL || !inbox_consumer_resolve_time(sub, topic, partition, when, &offset))
 			continue;
 		if (offset == -1 && !inbox_consumer_resolve_end(sub, topic, partition, &offset))
@@ -317,6 +320,7 @@ resolve_ends(InboxSubscription *sub)
 		Datum		args[5];
 		int			ret;
 
+		CHECK_FOR_INTERRUPTS();
 		if (p->next_offset >= 0 || p->seek_pending ||
 			!(p->next_offset == -1 ?
 			  inbox_consumer_resolve_end(sub, p->topic, p->partition, &offset) :
