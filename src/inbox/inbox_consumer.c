@@ -384,6 +384,8 @@ inbox_consumer_refresh(InboxSubscription *sub, int timeout_ms)
 		rd_kafka_resp_err_t err;
 		int			p;
 
+		/* a stop waits for one topic's request (timeout_ms) at most */
+		CHECK_FOR_INTERRUPTS();
 		if (rkt == NULL)
 			continue;
 		err = rd_kafka_metadata(c->rk, 0, rkt, &md, timeout_ms);
