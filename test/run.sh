@@ -5,7 +5,8 @@
 # stop what it started.  Ends with a table: per major, warnings, pass counts and the time of each
 # stage.
 #
-# Usage: test/run.sh [STAGE...]        stages: build regress pgtap integration package (default: all)
+# Usage: test/run.sh [STAGE...]        stages: build regress pgtap integration package repro
+#                                      (default: all)
 #        test/run.sh --list            which integration tests run on which major, and why
 #        OUTBOX_PG_MAJOR=17 test/run.sh        one major, with the whole integration suite
 #        PYTEST_ARGS="-k config" test/run.sh integration     pass options to pytest
@@ -28,6 +29,11 @@
 #                                         own Kafka, Postgres cluster, ports and directories), the
 #                                         longest majors first; 1 runs the majors one after another
 #   OUTBOX_TEST_TIMEOUT    (pytest.ini)   seconds one integration test may take (pytest-timeout)
+#   OUTBOX_REPRO_MAJORS    "15 18"        majors whose repro stage runs test/repro/fast-stop-hang.sh:
+#                                         PostgreSQL's own fast-shutdown hang after a backend crash,
+#                                         without the extension; reported, never a failure (only a
+#                                         broken script fails the stage)
+#   OUTBOX_REPRO_CYCLES    25             its cycles (about 3 s each, 15 s more per hang)
 #
 # Stack k (0, 1, ...) derives its ports and directories from the base ones below: Postgres port
 # OUTBOX_PG_PORT + 50k (its throw-away clusters use up to +40), Kafka ports OUTBOX_KAFKA_PORT +
@@ -93,6 +99,7 @@ else
     read -r -a ROW_MAJORS <<<"${OUTBOX_PG_ROW_MAJORS-16}"
 fi
 read -r -a KAFKA3_MAJORS <<<"${OUTBOX_KAFKA3_MAJORS-17}"
+read -r -a REPRO_MAJORS <<<"${OUTBOX_REPRO_MAJORS-15 18}"
 STACKS="${OUTBOX_CI_STACKS:-3}"
 [[ "$STACKS" =~ ^[1-9]$ ]] || { echo "run.sh: OUTBOX_CI_STACKS must be 1..9" >&2; exit 2; }
 
@@ -129,7 +136,7 @@ for a in "$@"; do
         *) STAGES+=("$a") ;;
     esac
 done
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build regress pgtap integration package)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build regress pgtap integration package repro)
 want() { local s; for s in "${STAGES[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
 in_list() { local x=$1 s; shift; for s in "$@"; do [[ "$s" == "$x" ]] && return 0; done; return 1; }
 is_full() { in_list "$1" "${FULL_MAJORS[@]}"; }
@@ -351,6 +358,21 @@ package() {
     ( flock 8; test/pgxn.sh check ) 8>"$OUT/.package.lock"
 }
 
+# repro: PostgreSQL's fast-shutdown hang after a backend crash, reproduced without the extension
+# (test/repro/), on its own cluster (port OUTBOX_PG_PORT + 45: the stack's throw-away clusters
+# use up to +40).  What it saw is the stage's summary; a hang is PostgreSQL's and passes, only a
+# script that breaks (exit 2) fails the stage.
+repro() {
+    local major=$1 rc out="$OUT/pg$1/repro-lines.txt"
+    REPRO_PORT=$((OUTBOX_PG_PORT + 45)) REPRO_DIR="$OUTBOX_PG_DIR-repro" \
+        test/repro/fast-stop-hang.sh "$major" "${OUTBOX_REPRO_CYCLES:-25}" 15 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    rm -rf "$OUTBOX_PG_DIR-repro"
+    [[ $rc -eq 0 ]] || return "$rc"
+    echo "summary: $(grep -E '^repro: major=' "$out" | tail -n 1 \
+        | sed -E 's/.*cycles=([0-9]+) hangs=([0-9]+).*/\2 hangs in \1 cycles (PostgreSQL'"'"'s)/')"
+}
+
 cleanup_stack() {
     test/env/pg.sh reset >/dev/null 2>&1 || true
     test/env/kafka.sh reset >/dev/null 2>&1 || true
@@ -383,6 +405,9 @@ run_major() {
     cleanup_stack
     if want package && is_full "$major"; then
         run_stage "$major" package package || true
+    fi
+    if want repro && in_list "$major" "${REPRO_MAJORS[@]}"; then
+        run_stage "$major" repro repro "$major" || true
     fi
     return 0
 }

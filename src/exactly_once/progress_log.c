@@ -28,6 +28,7 @@
 #include "config/guc.h"
 #include "config/kafka_config.h"
 #include "exactly_once/txn.h"
+#include "kafka/broker_call.h"
 #include "kafka/producer.h"
 
 #include "miscadmin.h"
@@ -87,13 +88,12 @@ outbox_progress_read_back(OutboxProducer *producer, const char *topic,
 	consumer = new_consumer(error);
 	if (consumer == NULL)
 		return false;
-	err = rd_kafka_query_watermark_offsets(consumer, topic, 0, &low, &high,
-										   timeout_ms);
+	err = outbox_kafka_watermarks(consumer, topic, 0, &low, &high, timeout_ms);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		*error = psprintf("could not read the offsets of the progress topic \"%s\": %s",
 						  topic, rd_kafka_err2str(err));
-		rd_kafka_destroy(consumer);
+		rd_kafka_destroy_flags(consumer, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
 		return false;
 	}
 	for (;;)
@@ -105,7 +105,12 @@ outbox_progress_read_back(OutboxProducer *producer, const char *topic,
 			break;
 		window *= 10;
 	}
-	rd_kafka_destroy(consumer);
+	/*
+	 * The consumer has a group.id but never joins the group (assign()):
+	 * plain rd_kafka_destroy() would still run rd_kafka_consumer_close(),
+	 * a blocking exchange with the group's coordinator, for nothing.
+	 */
+	rd_kafka_destroy_flags(consumer, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
 	return ok;
 }
 

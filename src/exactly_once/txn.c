@@ -22,6 +22,7 @@
  */
 #include "outbox.h"
 #include "exactly_once/txn.h"
+#include "kafka/broker_call.h"
 #include "kafka/producer.h"
 
 #include "miscadmin.h"
@@ -358,7 +359,7 @@ count_partitions(OutboxProducer *producer, const char *topic, int timeout_ms,
 	rd_kafka_resp_err_t err;
 	char	   *refusal = NULL;
 
-	err = rd_kafka_metadata(producer->rk, 0, rkt, &md, timeout_ms);
+	err = outbox_kafka_metadata(producer->rk, rkt, &md, timeout_ms);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt != 1)
 	{
 		*unavailable = true;

@@ -449,6 +449,7 @@ inbox_consumer_refresh(InboxSubscription *sub, int timeout_ms)
 		rd_kafka_resp_err_t err;
 		int			p;
 
+		/* a stop waits for one topic's request (timeout_ms) at most */
 		CHECK_FOR_INTERRUPTS();
 		if (rkt == NULL)
 			continue;

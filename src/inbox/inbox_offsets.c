@@ -287,6 +287,7 @@ inbox_offsets_resolve_seeks(InboxSubscription *sub)
 		int64		offset;
 		Datum		args[5];
 
+		/* each partition is a request to Kafka: a stop waits for one only */
 		CHECK_FOR_INTERRUPTS();
 		if (p == NULL || !p->mine ||
 			!inbox_consumer_resolve_time(sub, topic, partition, when, &offset))

@@ -10,6 +10,7 @@ PACKAGES=(
     librdkafka-dev
     postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
     kcat patchelf
+    gdb bc            # stacks of a stuck stop's processes (conftest.stop_server); test/repro
     python3 python3-psycopg2 python3-psycopg python3-confluent-kafka python3-pytest python3-pytest-timeout
     python3-yaml
     openjdk-17-jre-headless maven

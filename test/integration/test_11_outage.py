@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import (LogWatcher, create_topics, kafka_sh, new_aggregate_type, pg_connect, pg_sh,
-                      poll_until, query, query_one, relay_status, report, set_conf, topic_prefix,
-                      wait_relay_ready, wait_until)
+                      poll_until, query, query_one, relay_status, report, set_conf, stop_server,
+                      topic_prefix, wait_relay_ready, wait_until)
 from helpers_crash import (EmitLoad, LightReader, StatusMonitor, Watermarks, assert_delivered,
                            delivery_check, kill9, log_marker, unpublished_upto)
 
@@ -137,10 +137,7 @@ def test_broker_outage_under_load(env, prefix):
 
 def timed_stop(env, mode: str = "fast") -> float:
     t0 = time.monotonic()
-    if mode == "fast":
-        pg_sh(env, "stop", timeout=120)
-    else:
-        pg_sh(env, "ctl", "stop", "-m", mode, "-w", "-t", "120", timeout=150)
+    stop_server(env, mode, timeout=120)
     took = time.monotonic() - t0
     assert pg_sh(env, "status", check=False).returncode != 0, "pg.sh stop left the server running"
     return took
