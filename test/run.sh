@@ -124,6 +124,7 @@ CORE_TESTS=(
     test_27_replicated.py test_28_exactly_once.py test_29_partitioned.py
     test_35_batch_windows.py
     test_31_inbox.py test_31_inbox_crash.py test_31_inbox_lifecycle.py
+    test_31_inbox_operators.py test_36_inbox_isolation.py test_38_inbox_batch.py
 )
 
 PY=/usr/bin/python3     # Debian's interpreter: it has psycopg2 and confluent_kafka
