@@ -9,7 +9,7 @@
 # random 0.05-1.5 s, `pg_ctl stop -m fast`.  A stop not done after BOUND seconds is a hang: the
 # script prints the postmaster's children and the log's last lines, then ends it with SIGQUIT
 # (`pg_ctl stop -m immediate`).  The last line says how many cycles and hangs:
-#   repro: major=15 version=15.20 cycles=20 hangs=1 stuck_children=checkpointer
+#   repro: major=18 version=18.6 cycles=20 hangs=1 stuck_children=checkpointer+3 io worker
 #
 # Exit status: 0 when every cycle ran (hang or not), 2 when the script itself failed.
 #
@@ -117,7 +117,9 @@ for ((c = 1; c <= CYCLES; c++)); do
     else
         hangs=$((hangs + 1))
         kids=$(children "$pm")
-        names=$(printf '%s\n' "$kids" | sed -E 's/^ *[0-9]+ postgres: ([a-z ]+).*/\1/' | sed 's/ *$//' | sort | paste -sd+ -)
+        # "checkpointer", or "checkpointer+3 io worker" (18): what the postmaster waits for
+        names=$(printf '%s\n' "$kids" | sed -E 's/^ *[0-9]+ postgres: ([a-z ]+).*/\1/; s/ *$//' \
+            | sort | uniq -c | awk '{ n = $1; $1 = ""; sub(/^ /, ""); printf "%s%s%s", sep, (n > 1 ? n " " : ""), $0; sep = "+" }')
         stuck="$stuck${stuck:+,}${names:-none}"
         printf 'cycle %d: kill -9, fast stop after %s s: HANG, not stopped after %d s; postmaster %s has:\n%s\n' \
             "$c" "$delay" "$BOUND" "$pm" "$kids"
