@@ -183,7 +183,8 @@ SELECT r.subscription,
                             pg_catalog.count(*) FILTER (WHERE x.held) AS held
                        FROM outbox.inbox_dead AS x
                       WHERE x.subscription = r.subscription AND x.topic = r.topic
-                        AND x.kafka_partition = r.kafka_partition) AS
+                        AND x.kafka_partition = r.kafka_partition) AS d ON true;
+
 COMMENT ON VIEW outbox.inbox_status IS
 'Inbox health, one row per subscription, topic and partition (kafka_partition NULL for a topic that does not exist yet): next_offset (NULL until the first record of a partition placed at its start or end), high_watermark from Kafka and lag = high_watermark - next_offset in every state (paused and stalled included; negative when next_offset is beyond the end), records applied and duplicates dropped in total, dead_letters (handler failed) and held (waiting behind one), state (starting, running, paused, stalled: Kafka no longer has next_offset, see outbox.inbox_seek(); failing: the subscription''s last 10 or more events all became dead letters; waiting_for_topic, waiting_for_worker: outbox.inbox_max_workers or max_worker_processes used up, restored_copy, not_running, not_configured, config_error, broker_down, error) with the last error, the last apply and the pid of the inbox worker that applies the partition.';
 COMMENT ON FUNCTION outbox.inbox_worker_partitions() IS

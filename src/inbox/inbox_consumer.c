@@ -9,7 +9,7 @@
  * partition of its topics explicitly (rd_kafka_assign), each at the offset
  * read from outbox.inbox_offsets, and assigns again from the table after
  * anything that may have moved them (a seek, a rolled-back batch, new
- * partitions).  This is Kafka's "storing offsets outside Kafka" recipe with
+ * partitions: inbox_assign.c).  This is Kafka's "storing offsets outside Kafka" recipe with
  * a static assignment instead of a rebalance callback: there is no group to
  * rebalance, so no member can be evicted during a long transaction, and two
  * databases can never split a topic's partitions between them.  (A group.id
@@ -31,30 +31,13 @@
  */
 #include "outbox.h"
 #include "inbox/inbox.h"
+#include "inbox/inbox_consumer_int.h"
 #include "config/kafka_config.h"
 #include "config/secrets.h"
 
 #include "miscadmin.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
-
-/* log lines kept between two polls */
-#define CONSUMER_LOG_LINES		16
-
-struct InboxConsumer
-{
-	rd_kafka_t *rk;
-	rd_kafka_queue_t *queue;	/* the consumer queue: records */
-	char	   *servers;		/* the settings it was built with */
-	char	   *properties;
-	/* written by the callbacks, on the worker's thread */
-	bool		brokers_down;
-	char		error[OUTBOX_ERROR_LEN];
-	bool		error_unscrubbed;	/* error_cb wrote error: scrub it in this
-									 * process before anyone reads it */
-	int			nlogs;
-	char		logs[CONSUMER_LOG_LINES][256];
-};
 
 /*
  * Defaults the inbox sets before outbox.inbox_kafka_properties; the first
@@ -221,6 +204,8 @@ inbox_consumer_destroy(InboxConsumer *c)
 		return;
 	if (c->queue != NULL)
 		rd_kafka_queue_destroy(c->queue);
+	if (c->given != NULL)
+		rd_kafka_topic_partition_list_destroy(c->given);
 	if (c->rk != NULL)
 		rd_kafka_destroy_flags(c->rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
 	if (c->servers)
@@ -239,48 +224,6 @@ inbox_consumer_settings_changed(InboxConsumer *c)
 {
 	return strcmp(c->servers, outbox_inbox_servers()) != 0 ||
 		strcmp(c->properties, outbox_inbox_kafka_properties) != 0;
-}
-
-/*
- * inbox_consumer_assign
- *		Assign sub's consumer every partition of sub in the calling worker's
- *		slice that is neither stalled nor waiting for a seek (none while sub
- *		does not consume: paused, refused, handler missing), each at its
- *		next_offset from the table (-2: the first offset, -1: the end).
- *		Records fetched before are
- *		dropped.
- */
-void
-inbox_consumer_assign(InboxSubscription *sub)
-{
-	rd_kafka_topic_partition_list_t *list;
-	rd_kafka_resp_err_t err;
-	int			i;
-
-	if (sub->consumer == NULL)
-		return;
-	list = rd_kafka_topic_partition_list_new(Max(sub->npartitions, 1));
-	for (i = 0; i < sub->npartitions; i++)
-	{
-		InboxPartition *p = &sub->partitions[i];
-		rd_kafka_topic_partition_t *tp;
-
-		if (p->stalled || p->seek_pending || !p->mine ||
-			!inbox_subscription_active(sub))
-			continue;
-		tp = rd_kafka_topic_partition_list_add(list, p->topic, p->partition);
-		tp->offset = p->next_offset == -2 ? RD_KAFKA_OFFSET_BEGINNING :
-			p->next_offset == -1 ? RD_KAFKA_OFFSET_END : p->next_offset;
-		inbox_status_set(p->status, INBOX_STATE_RUNNING, NULL);
-	}
-	err = rd_kafka_assign(sub->consumer->rk, list->cnt > 0 ? list : NULL);
-	rd_kafka_topic_partition_list_destroy(list);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not assign the partitions of subscription \"%s\": %s",
-						sub->name, rd_kafka_err2str(err))));
-	sub->reassign = false;
 }
 
 /*

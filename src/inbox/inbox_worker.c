@@ -405,6 +405,9 @@ apply_ready(void)
 		inbox_retry_dead(sub);
 	if (sub->reassign)
 		inbox_consumer_assign(sub);
+	/* an assignment that has to wait: read nothing from the old positions */
+	if (sub->reassign)
+		return 0;
 	n = inbox_consumer_poll(sub, batch, outbox_inbox_batch_size,
 							outbox_inbox_batch_wait);
 	if (n > 0)
