@@ -784,7 +784,6 @@ CREATE TABLE outbox.inbox_keys (
 ) WITH (fillfactor = 50);
 CREATE INDEX inbox_keys_first_idx ON outbox.inbox_keys (subscription, first_id);
 CREATE INDEX inbox_nokey_idx ON outbox.inbox (subscription, id) WHERE key IS NULL;
-SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_keys', '');
 
 COMMENT ON TABLE outbox.inbox_keys IS
 'Queue mode: one row per subscription, topic and key that has pending events in outbox.inbox, with the lowest pending id (schema 1.9); outbox.inbox_take() locks these rows so that one taker drains a key while the others skip it.';
@@ -827,6 +826,8 @@ CREATE TABLE outbox.inbox_dead (
 CREATE INDEX inbox_dead_key_idx ON outbox.inbox_dead (subscription, topic, key, id);
 SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_dead', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_dead_id_seq', '');
+-- after inbox_dead's, where the 1.8--1.9 update adds it: the same list either way
+SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_keys', '');
 COMMENT ON SEQUENCE outbox.inbox_dead_id_seq IS
 'Identity sequence of outbox.inbox_dead.id; pg_dump keeps its position.';
 

@@ -4,6 +4,7 @@ events, produced by our relay, applied to the same target table in three ways, o
 other on this machine:
 
   inbox   outbox.subscribe() with a SQL handler (the extension's inbox worker)
+  batch   the same with a batch handler, h(outbox.inbox_event[]): one upsert per batch
   python  a hand-written consumer (python_consumer.py): consumer group, processed-ids table,
           offsets committed to Kafka after the database commit
   jdbc    Debezium's JDBC sink connector in a Kafka Connect standalone worker (jars from Maven)
@@ -21,7 +22,7 @@ the JDBC sink needs a schema; the inbox's handler and the Python consumer read t
 the same bytes.
 
 Environment: BENCH_INBOX_EVENTS (1000000), BENCH_INBOX_PARTITIONS (12), BENCH_INBOX_KEYS (10000),
-BENCH_INBOX_ARMS (inbox,python,jdbc), BENCH_INBOX_RATE (500), BENCH_INBOX_LATENCY_SECONDS (30),
+BENCH_INBOX_ARMS (inbox,batch,python,jdbc), BENCH_INBOX_RATE (500), BENCH_INBOX_LATENCY_SECONDS (30),
 BENCH_INBOX_CONNECT_LIBS (the jars of connect/pom.xml), BENCH_RESULTS_DIR (bench/results),
 BENCH_WORK_DIR, and the servers' PGHOST/PGPORT/OUTBOX_KAFKA (bench/run.sh sets them).
 """
@@ -46,7 +47,7 @@ import common  # noqa: E402  (bench/load/common.py: CpuMeter, loadavg)
 EVENTS = int(os.environ.get("BENCH_INBOX_EVENTS", "1000000"))
 PARTITIONS = int(os.environ.get("BENCH_INBOX_PARTITIONS", "12"))
 KEYS = int(os.environ.get("BENCH_INBOX_KEYS", "10000"))
-ARMS = os.environ.get("BENCH_INBOX_ARMS", "inbox,python,jdbc").split(",")
+ARMS = os.environ.get("BENCH_INBOX_ARMS", "inbox,batch,python,jdbc").split(",")
 RATE = int(os.environ.get("BENCH_INBOX_RATE", "500"))
 LAT_SECONDS = int(os.environ.get("BENCH_INBOX_LATENCY_SECONDS", "30"))
 MAX_OTHER_CORES = float(os.environ.get("BENCH_MAX_OTHER_CORES", "0.5"))
@@ -166,27 +167,45 @@ def result(name, seconds, cpu, size, extra=""):
             "size_mb": round(size / 1048576, 1), "note": extra}
 
 
-def arm_inbox(admin):
-    db = "bench_dst_inbox"
+# the per-event handler (arm inbox) and the batch handler (arm batch): the same upsert
+HANDLERS = {
+    "inbox": ("bench_dst_inbox", "apply_event(outbox.inbox_event)",
+              """CREATE FUNCTION apply_event(e outbox.inbox_event) RETURNS void LANGUAGE sql
+                 SET search_path = public AS $$
+                   INSERT INTO bench_target (n, aggregate_id, body)
+                   VALUES ((e.payload->'payload'->>'n')::bigint, e.payload->'payload'->>'aggregate_id',
+                           e.payload->'payload'->>'body')
+                   ON CONFLICT (n) DO UPDATE SET aggregate_id = excluded.aggregate_id, body = excluded.body
+                 $$""", "inbox (handler, dedupe on)"),
+    # two events of one n in a batch: the last one wins (DISTINCT ON keeps one row per n)
+    "batch": ("bench_dst_batch", "apply_events(outbox.inbox_event[])",
+              """CREATE FUNCTION apply_events(events outbox.inbox_event[]) RETURNS void LANGUAGE sql
+                 SET search_path = public AS $$
+                   INSERT INTO bench_target (n, aggregate_id, body)
+                   SELECT DISTINCT ON (n) n, a, b
+                     FROM (SELECT (e.payload->'payload'->>'n')::bigint AS n,
+                                  e.payload->'payload'->>'aggregate_id' AS a,
+                                  e.payload->'payload'->>'body' AS b, e.ordinality AS o
+                             FROM unnest(events) WITH ORDINALITY AS e) AS x
+                    ORDER BY n, o DESC
+                   ON CONFLICT (n) DO UPDATE SET aggregate_id = excluded.aggregate_id, body = excluded.body
+                 $$""", "inbox (batch handler, dedupe on)"),
+}
+
+
+def arm_inbox(admin, kind="inbox"):
+    db, handler, ddl, label = HANDLERS[kind]
     c = fresh_database(admin, db)
     q(c, "CREATE EXTENSION outbox")
     q(c, "CREATE ROLE bench_app" if not q(c, "SELECT 1 FROM pg_roles WHERE rolname = 'bench_app'")
       else "SELECT 1")
     q(c, "ALTER TABLE bench_target OWNER TO bench_app")
-    q(c, "GRANT USAGE ON SCHEMA outbox TO bench_app")
-    q(c, "GRANT EXECUTE ON FUNCTION outbox.subscribe(text, text[], regprocedure, text, boolean, text)"
-         " TO bench_app")
-    q(c, """CREATE FUNCTION apply_event(e outbox.inbox_event) RETURNS void LANGUAGE sql
-            SET search_path = public AS $$
-              INSERT INTO bench_target (n, aggregate_id, body)
-              VALUES ((e.payload->'payload'->>'n')::bigint, e.payload->'payload'->>'aggregate_id',
-                      e.payload->'payload'->>'body')
-              ON CONFLICT (n) DO UPDATE SET aggregate_id = excluded.aggregate_id, body = excluded.body
-            $$""")
-    q(c, "ALTER FUNCTION apply_event(outbox.inbox_event) OWNER TO bench_app")
+    q(c, "GRANT outbox_subscriber TO bench_app")
+    q(c, ddl)
+    q(c, f"ALTER FUNCTION {handler} OWNER TO bench_app")
     q(c, "SET ROLE bench_app")
     t0 = time.monotonic()
-    q(c, "SELECT outbox.subscribe('bench', %s, 'apply_event(outbox.inbox_event)')", ([TOPIC],))
+    q(c, "SELECT outbox.subscribe('bench', %s, %s)", ([TOPIC], handler))
     q(c, "RESET ROLE")
     pid = wait(lambda: (q(c, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox inbox'"
                              " AND datname = %s", (db,)) or [[None]])[0][0], 60, "the inbox worker")
@@ -202,7 +221,7 @@ def arm_inbox(admin):
                 " + pg_total_relation_size('outbox.inbox_seen_1') + pg_total_relation_size('outbox.inbox_offsets')")[0][0]
     st = q(c, "SELECT sum(applied), sum(duplicates), sum(dead_letters) FROM outbox.inbox_status")[0]
     c.close()
-    return result("inbox (handler, dedupe on)", seconds, cpu[0], size,
+    return result(label, seconds, cpu[0], size,
                   f"applied {st[0]}, duplicates {st[1]}, dead letters {st[2]}")
 
 
@@ -351,14 +370,15 @@ def main():
     admin = connect("postgres")
     q(admin, "DROP DATABASE IF EXISTS bench_src WITH (FORCE)")
     q(admin, "CREATE DATABASE bench_src")
-    q(admin, "ALTER SYSTEM SET outbox.databases = 'bench_src, bench_dst_inbox'")
+    q(admin, "ALTER SYSTEM SET outbox.databases = 'bench_src, bench_dst_inbox, bench_dst_batch'")
     q(admin, "SELECT pg_reload_conf()")
     produce_events(admin)
     results = []
     for arm in ARMS:
         other = quiet_check(arm)
         log(f"arm {arm} ...")
-        r = {"inbox": arm_inbox, "python": arm_python, "jdbc": arm_jdbc}[arm](admin)
+        r = {"inbox": arm_inbox, "batch": lambda a: arm_inbox(a, "batch"),
+             "python": arm_python, "jdbc": arm_jdbc}[arm](admin)
         r["other_cores_before"] = other
         r["load1"] = common.loadavg()[0]
         log(f"arm {arm}: {r}")
@@ -378,11 +398,14 @@ def main():
         lines.append(f"| {r['arm']} | {r['events_per_s']:,} | {r['seconds']} | {r['cpu_s']} |"
                      f" {r['cpu_ms_per_1000']} | {r['size_mb']} | {r['other_cores_before']} | {r['load1']} |"
                      f" {r['note']} |")
-    by = {r["arm"].split()[0]: r for r in results}
-    if "inbox" in by:
-        for other in ("hand-written", "Debezium"):
-            if other in by:
-                lines.append(f"\ninbox / {other}: {by['inbox']['events_per_s'] / by[other]['events_per_s']:.1f}x events/s")
+    by = {r["arm"]: r for r in results}
+    names = {"inbox (handler, dedupe on)": "per-event handler",
+             "inbox (batch handler, dedupe on)": "batch handler"}
+    for arm, name in names.items():
+        for r in results:
+            if arm in by and r["arm"].split()[0] in ("hand-written", "Debezium"):
+                peer = "Debezium JDBC sink" if r["arm"].startswith("Debezium") else "hand-written consumer"
+                lines.append(f"\n{name} / {peer} = {by[arm]['events_per_s'] / r['events_per_s']:.1f}x events/s")
     if lat:
         lines.append(f"\nEnd-to-end latency (outbox commit in bench_src -> inbox handler in bench_dst_inbox),"
                      f" {lat['events']} events at {lat['rate']}/s: p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms,"

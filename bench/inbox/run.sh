@@ -12,7 +12,7 @@ M2_REPO="$REPO_DIR/.cache/bench-m2"
 LIBS="$WORK/connect-libs"
 mkdir -p "$WORK"
 
-if [[ ",${BENCH_INBOX_ARMS:-inbox,python,jdbc}," == *",jdbc,"* ]]; then
+if [[ ",${BENCH_INBOX_ARMS:-inbox,batch,python,jdbc}," == *",jdbc,"* ]]; then
     sum=$(sha256sum "$BENCH_DIR/inbox/connect/pom.xml" | cut -d' ' -f1)
     if [[ ! -f "$LIBS/.fetched" || "$(cat "$LIBS/.fetched")" != "$sum" ]]; then
         echo "bench inbox: fetching Kafka Connect and Debezium's JDBC sink (Maven, one-time) ..." >&2

@@ -9,13 +9,14 @@
  * partitions.  Most of those change no partition, only positions, so the
  * consumer is repositioned with rd_kafka_seek_partitions() and keeps its
  * assignment.  rd_kafka_assign() runs only when the set of partitions
- * changes, and never twice within ASSIGN_GAP_MS: librdkafka (2.0.2 and
- * up to 2.15, issue 5573) can send a partition a second fetch stop when
- * assignments replace each other before the first stop has been answered,
- * and aborts the whole server process on the second answer
- * (rd_kafka_assignment_partition_stopped: assert rktp_started).  Reloads in
- * a row once did that.  While an assignment waits, the worker polls
- * nothing, so no record is read from a position the table no longer has.
+ * changes, and never removes partitions twice within ASSIGN_GAP_MS:
+ * librdkafka (2.0.2, and up to 2.15: its issue 5573) can send a partition
+ * a second fetch stop when assignments replace each other before the first
+ * stop is answered, and then aborts the whole server process on the second
+ * answer (rd_kafka_assignment_partition_stopped: assert rktp_started).
+ * Reloads in a row once did that.  While an assignment waits, the worker
+ * polls nothing, so no record is read from a position the table no longer
+ * has.
  *
  *-------------------------------------------------------------------------
  */
@@ -25,7 +26,7 @@
 
 #include "utils/timestamp.h"
 
-/* the least time between two rd_kafka_assign() calls */
+/* the least time between two rd_kafka_assign() calls that remove partitions */
 #define ASSIGN_GAP_MS			1500
 
 /* how long a seek may wait for librdkafka's fetcher to take it */
@@ -36,7 +37,8 @@ static bool same_partitions(rd_kafka_topic_partition_list_t *a,
 							rd_kafka_topic_partition_list_t *b);
 static void reposition(InboxSubscription *sub, rd_kafka_topic_partition_list_t *want);
 static bool seek_all(InboxConsumer *c, rd_kafka_topic_partition_list_t *moves);
-static void assign(InboxSubscription *sub, rd_kafka_topic_partition_list_t *want);
+static void assign(InboxSubscription *sub, rd_kafka_topic_partition_list_t *want,
+				   bool removes);
 static void mark_running(InboxSubscription *sub);
 
 /*
@@ -61,12 +63,12 @@ inbox_consumer_assign(InboxSubscription *sub)
 	if (c == NULL)
 		return;
 	want = wanted(sub);
-	if (c->given != NULL &&
-		rd_kafka_assignment(c->rk, &have) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-		same_partitions(want, have))
+	if (rd_kafka_assignment(c->rk, &have) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		have = NULL;
+	if (c->given != NULL && have != NULL && same_partitions(want, have))
 		reposition(sub, want);
 	else
-		assign(sub, want);
+		assign(sub, want, have == NULL || have->cnt > 0);
 	if (have != NULL)
 		rd_kafka_topic_partition_list_destroy(have);
 	rd_kafka_topic_partition_list_destroy(want);
@@ -145,7 +147,7 @@ reposition(InboxSubscription *sub, rd_kafka_topic_partition_list_t *want)
 		/* not moved: assign them all again (the records fetched are dropped) */
 		rd_kafka_topic_partition_list_destroy(moves);
 		rd_kafka_topic_partition_list_destroy(at);
-		assign(sub, want);
+		assign(sub, want, true);
 		return;
 	}
 	rd_kafka_topic_partition_list_destroy(moves);
@@ -180,23 +182,28 @@ seek_all(InboxConsumer *c, rd_kafka_topic_partition_list_t *moves)
 }
 
 /*
- * The set of partitions changed: assign want, unless the last assignment
- * is too recent (then sub->reassign stays set and nothing is assigned).
+ * The set of partitions changed: assign want.  An assignment that removes
+ * partitions (removes: something is assigned now) waits until the last one
+ * that removed some is ASSIGN_GAP_MS old (then sub->reassign stays set and
+ * nothing is assigned); one that only adds never waits, since librdkafka
+ * starts no partition before the stops it waits for are answered.
  */
 static void
-assign(InboxSubscription *sub, rd_kafka_topic_partition_list_t *want)
+assign(InboxSubscription *sub, rd_kafka_topic_partition_list_t *want,
+	   bool removes)
 {
 	InboxConsumer *c = sub->consumer;
 	TimestampTz now = GetCurrentTimestamp();
 	rd_kafka_resp_err_t err;
 
-	if (c->last_assign != 0 &&
-		!TimestampDifferenceExceeds(c->last_assign, now, ASSIGN_GAP_MS))
+	if (removes && c->last_removal != 0 &&
+		!TimestampDifferenceExceeds(c->last_removal, now, ASSIGN_GAP_MS))
 		return;
 	if (c->given != NULL)
 		rd_kafka_topic_partition_list_destroy(c->given);
 	c->given = NULL;
-	c->last_assign = now;
+	if (removes)
+		c->last_removal = now;
 	err = rd_kafka_assign(c->rk, want->cnt > 0 ? want : NULL);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		ereport(ERROR,

@@ -33,7 +33,8 @@ struct InboxConsumer
 	char		logs[CONSUMER_LOG_LINES][256];
 	/* what rd_kafka_assign() or a seek was last given (inbox_assign.c) */
 	rd_kafka_topic_partition_list_t *given;
-	TimestampTz last_assign;	/* when rd_kafka_assign() last ran, or 0 */
+	TimestampTz last_removal;	/* when rd_kafka_assign() last removed
+									 * partitions, or 0 */
 };
 
 #endif							/* INBOX_CONSUMER_INT_H */

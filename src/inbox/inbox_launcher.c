@@ -92,7 +92,7 @@ static void reap(Launched *w, TimestampTz now);
 static bool start_worker(Launched *w, char **error);
 static void stop_worker(Launched *w);
 static void stop_all_at_exit(int code, Datum arg);
-pg_noreturn static void exit_idle(const char *why);
+static void exit_idle(const char *why);
 
 /*
  * outbox_inbox_main
@@ -121,12 +121,12 @@ outbox_inbox_main(Datum main_arg)
 	on_proc_exit(stop_all_at_exit, (Datum) 0);
 	outbox_reload_config_file();
 
-	if (!read_subscriptions(&wanted))
+	read_seq = inbox_shmem_control_seq();
+	if (!read_subscriptions(&wanted) && inbox_shmem_note_no_subscriptions(read_seq))
 	{
 		ereport(DEBUG1,
 				(errmsg("outbox inbox launcher for database \"%s\" exits: no subscription",
 						launcher_database)));
-		inbox_shmem_note_no_subscriptions();
 		proc_exit(0);
 	}
 	inbox_shmem_note_serving();
@@ -163,7 +163,12 @@ launcher_loop(void)
 			read_seq = inbox_shmem_control_seq();
 			last_read = now;
 			if (!read_subscriptions(&wanted))
+			{
+				/* returns when a subscription came while it stopped */
 				exit_idle("no subscription left");
+				last_read = 0;
+				continue;
+			}
 			reconcile(wanted, now, &nap);
 			list_free_deep(wanted);
 		}
@@ -454,7 +459,8 @@ stop_worker(Launched *w)
 /*
  * Stop every worker, wait until they have exited (each ends at its next
  * CHECK_FOR_INTERRUPTS), then exit with code 0 and tell the launcher that
- * the database has nothing to consume.
+ * the database has nothing to consume; return instead when a control
+ * commit (a subscribe()) came since the subscriptions were read.
  */
 static void
 exit_idle(const char *why)
@@ -481,10 +487,11 @@ exit_idle(const char *why)
 						 100, outbox_wait_event(OUTBOX_WAIT_IDLE));
 		ResetLatch(MyLatch);
 	}
+	if (!inbox_shmem_note_no_subscriptions(read_seq))
+		return;
 	ereport(LOG,
 			(errmsg("outbox inbox launcher for database \"%s\" exits: %s",
 					launcher_database, why)));
-	inbox_shmem_note_no_subscriptions();
 	proc_exit(0);
 }
 

@@ -169,17 +169,28 @@ my_launcher(void)
  *		Tell the launcher, before exiting with code 0, that this database
  *		has nothing to consume: it starts no inbox launcher here again until
  *		a subscription commits (outbox_inbox_wake) or a while has passed.
+ *		seen_seq is the control counter the caller read its subscriptions
+ *		at: false, and nothing noted, when a control commit came since (a
+ *		subscribe() while the caller stopped its workers): the caller must
+ *		read them again instead of exiting.
  */
-void
-inbox_shmem_note_no_subscriptions(void)
+bool
+inbox_shmem_note_no_subscriptions(uint32 seen_seq)
 {
 	InboxLauncherShared *l = my_launcher();
+	bool		noted = false;
 
 	if (l == NULL)
-		return;
+		return true;
 	SpinLockAcquire(&l->mutex);
-	l->no_subscriptions = true;
+	if (l->control_seq == seen_seq)
+	{
+		l->no_subscriptions = true;
+		l->idle_seq = seen_seq;
+		noted = true;
+	}
 	SpinLockRelease(&l->mutex);
+	return noted;
 }
 
 /*
@@ -203,7 +214,8 @@ inbox_shmem_note_serving(void)
 /*
  * inbox_shmem_slot_idle
  *		Launcher: did the inbox launcher that ran in slot exit for want of
- *		subscriptions?  Clears the mark.
+ *		subscriptions, with no control commit since it looked?  Clears the
+ *		mark.
  */
 bool
 inbox_shmem_slot_idle(int slot)
@@ -212,7 +224,8 @@ inbox_shmem_slot_idle(int slot)
 	bool		idle;
 
 	SpinLockAcquire(&l->mutex);
-	idle = l->no_subscriptions;
+	/* a subscription committed after the mark, before the slot was free */
+	idle = l->no_subscriptions && l->control_seq == l->idle_seq;
 	l->no_subscriptions = false;
 	SpinLockRelease(&l->mutex);
 	return idle;

@@ -68,6 +68,7 @@ typedef struct InboxLauncherShared
 	slock_t		mutex;
 	uint32		control_seq;	/* bumped at commit of the SQL API */
 	bool		no_subscriptions;	/* it exits: nothing to consume */
+	uint32		idle_seq;		/* control_seq when it said so */
 	bool		serving;		/* it found subscriptions (a probe never does) */
 	InboxState	state;			/* running, or waiting_for_worker */
 	TimestampTz last_error_at;
@@ -176,7 +177,7 @@ typedef struct InboxPartitionCopy
 extern Size outbox_inbox_shmem_size(void);
 extern void outbox_inbox_shmem_init(void);
 extern void inbox_shmem_register(int slot);
-extern void inbox_shmem_note_no_subscriptions(void);
+extern bool inbox_shmem_note_no_subscriptions(uint32 seen_seq);
 extern void inbox_shmem_note_serving(void);
 extern bool inbox_shmem_slot_idle(int slot);
 extern uint32 inbox_shmem_control_seq(void);

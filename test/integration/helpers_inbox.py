@@ -76,9 +76,11 @@ def mail_handler(conn, table: str, fn: str, role: str = APP_ROLE, extra_sql: str
 
 def subscribe(conn, name: str, topics: List[str], handler: Optional[str] = None,
               role: str = APP_ROLE, **options):
-    """outbox.subscribe() as role; handler is a function name (its signature is added)."""
+    """outbox.subscribe() as role; handler is a function name (its signature is added) or a
+    signature."""
     args = ["%s", "%s", "%s::regprocedure"]
-    values = [name, topics, None if handler is None else f"{handler}(outbox.inbox_event)"]
+    values = [name, topics, None if handler is None else
+              handler if "(" in handler else f"{handler}(outbox.inbox_event)"]
     for k, v in options.items():
         args.append(f"{k} => %s")
         values.append(v)

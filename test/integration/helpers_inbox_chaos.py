@@ -24,6 +24,8 @@ APPLIED = "chaos37_applied"     # the handler's effects: one row per event it ap
 TAKEN = "chaos37_taken"         # what the queue's takers committed
 EMITTED = "chaos37_emitted"     # the relay load's tokens, written in the emitting transaction
 HANDLER = "chaos37_apply"
+APPLIED_B = "chaos37_applied_b"  # the batch handler's effects, likewise
+BATCH_HANDLER = "chaos37_apply_batch"   # h(outbox.inbox_event[]): one INSERT per batch
 MANAGE_TYPE = "chaos.manage"    # the handler manages its own subscription: must be 55006
 CONNECTION_ERRORS = (psycopg2.OperationalError, psycopg2.InterfaceError)
 
@@ -35,7 +37,7 @@ def token_sql(alias: str) -> str:
 
 def chaos_schema(conn, role: str):
     """The tables and the handler (owned by role, the subscriptions' owner)."""
-    for t in (APPLIED, TAKEN):
+    for t in (APPLIED, APPLIED_B, TAKEN):
         query(conn, f"DROP TABLE IF EXISTS {t}")
         query(conn, f"""CREATE TABLE {t} (id bigserial PRIMARY KEY, token text, key text,
                         topic text, kafka_partition int, kafka_offset bigint, event_id uuid)""")
@@ -57,11 +59,34 @@ def chaos_schema(conn, role: str):
             VALUES ({token_sql('e')}, e.key, e.topic, e.kafka_partition, e.kafka_offset, e.event_id);
         END $$""")
     query(conn, f"ALTER FUNCTION {HANDLER}(outbox.inbox_event) OWNER TO {role}")
+    # the batch handler a user would write: set-based, in batch order; a managing record in the
+    # batch fails the whole call, and bisection must narrow it down to that record's dead letter
+    query(conn, f"""CREATE OR REPLACE FUNCTION {BATCH_HANDLER}(events outbox.inbox_event[]) RETURNS void
+        LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
+        DECLARE
+            e outbox.inbox_event;
+        BEGIN
+            FOREACH e IN ARRAY events LOOP
+                IF e.event_type = '{MANAGE_TYPE}' THEN
+                    IF e.payload->>'how' = 'unsubscribe' THEN
+                        PERFORM outbox.unsubscribe(e.subscription);
+                    ELSE
+                        PERFORM outbox.pause_subscription(e.subscription);
+                    END IF;
+                END IF;
+            END LOOP;
+            INSERT INTO {APPLIED_B} (token, key, topic, kafka_partition, kafka_offset, event_id)
+            SELECT {token_sql('x')}, x.key, x.topic, x.kafka_partition, x.kafka_offset, x.event_id
+              FROM unnest(events) WITH ORDINALITY AS x
+             ORDER BY x.ordinality;
+        END $$""")
+    query(conn, f"ALTER FUNCTION {BATCH_HANDLER}(outbox.inbox_event[]) OWNER TO {role}")
 
 
 def drop_schema(conn):
-    query(conn, f"DROP TABLE IF EXISTS {APPLIED}, {TAKEN}, {EMITTED}")
+    query(conn, f"DROP TABLE IF EXISTS {APPLIED}, {APPLIED_B}, {TAKEN}, {EMITTED}")
     query(conn, f"DROP FUNCTION IF EXISTS {HANDLER}(outbox.inbox_event)")
+    query(conn, f"DROP FUNCTION IF EXISTS {BATCH_HANDLER}(outbox.inbox_event[])")
 
 
 def _close(conn):
@@ -419,8 +444,10 @@ def order_violations(first: Dict[str, int], sequences: Dict[tuple, List[str]], w
 
 
 def check(relay: RelayLoad, foreign: ForeignLoad, applied_rows, taken_rows, dead_rows,
-          h_topics: Tuple[str, ...], q_topics: Tuple[str, ...]):
-    """Judge the history.  Returns (problems, figures)."""
+          h_topics: Tuple[str, ...], q_topics: Tuple[str, ...], batch_rows=None,
+          b_topics: Tuple[str, ...] = ()):
+    """Judge the history (batch_rows: what the batch handler applied, from b_topics).
+    Returns (problems, figures)."""
     problems: List[str] = []
     fig = Counter()
     relay_ok = {t for t, o in relay.outcome.items() if o in ("committed", "resolved_committed")}
@@ -476,17 +503,24 @@ def check(relay: RelayLoad, foreign: ForeignLoad, applied_rows, taken_rows, dead
 
     judge(applied_rows, h_topics, "handler", True)
     judge(taken_rows, q_topics, "queue", False)
-    # dead letters: exactly the records whose handler managed its own subscription, with 55006
-    dead_tokens = Counter()
+    handlers = ["handler"]
+    if batch_rows is not None:
+        judge(batch_rows, b_topics, "batch", True)
+        handlers.append("batch")
+    # dead letters: exactly the records whose handler managed its own subscription, with 55006,
+    # once per subscription with a handler
+    dead_tokens = {h: Counter() for h in handlers}
     for sub, tok, sqlstate, held, error in dead_rows:
-        if sub == "handler" and tok in manage and sqlstate == "55006" and not held:
-            dead_tokens[tok] += 1
+        if sub in dead_tokens and tok in manage and sqlstate == "55006" and not held:
+            dead_tokens[sub][tok] += 1
         else:
             problems.append(f"unexpected dead letter: {sub} {tok} {sqlstate} held={held} {error}")
-    fig["dead letters (55006)"] = sum(dead_tokens.values())
-    if set(dead_tokens) != manage or any(n > 1 for n in dead_tokens.values()):
-        problems.append(f"the {len(manage)} managing records are not each one dead letter with 55006:"
-                        f" {dict(dead_tokens)} of {sorted(manage)}")
+    for h in handlers:
+        mine = {t for t in manage if recs[t].topic in (h_topics if h == "handler" else b_topics)}
+        fig[f"{h} dead letters (55006)"] = sum(dead_tokens[h].values())
+        if set(dead_tokens[h]) != mine or any(n > 1 for n in dead_tokens[h].values()):
+            problems.append(f"{h}: the {len(mine)} managing records are not each one dead letter with"
+                            f" 55006: {dict(dead_tokens[h])} of {sorted(mine)}")
     fig["relay events committed"] = len(relay_ok)
     fig["relay events never committed"] = len(relay_never)
     fig["foreign records acknowledged"] = len(recs)

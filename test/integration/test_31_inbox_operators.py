@@ -107,7 +107,10 @@ def test_a_resubscribe_with_the_same_name_applies_no_id_twice(env, app):
     subscribe(conn, "it_rs", [topic], "it_handle_rs", start_from="earliest")
     assert any("it_rs" in m and "seen" in m for m in conn.notices), \
         f"subscribe() says that the former subscription's seen ids are kept: {conn.notices}"
-    wait_until(lambda: settled(conn, "it_rs") == n + 3, TIMEOUT_S, "the new subscription settled")
+    try:
+        wait_until(lambda: settled(conn, "it_rs") == n + 3, TIMEOUT_S, "the new subscription settled")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: settled {settled(conn, 'it_rs')} of {n + 3}, {status(conn, 'it_rs')}") from None
     twice = query(conn, "SELECT event_id, count(*) FROM it_mail_rs WHERE event_id IS NOT NULL"
                         " GROUP BY 1 HAVING count(*) > 1")
     assert twice == [], f"{len(twice)} id-carrying events applied twice"

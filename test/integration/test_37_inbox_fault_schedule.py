@@ -14,7 +14,9 @@ Load (helpers_inbox_chaos.py), in the database the relay serves:
   copies of id-carrying records at later offsets, and records whose handler calls
   outbox.unsubscribe() or outbox.pause_subscription() on its own subscription;
 - subscription H (handler, hold, dedupe) on R, A and B: one row per event; subscription Q (queue
-  mode) on R and A, drained by two takers with outbox.inbox_take() in their own transactions.
+  mode) on R and A, drained by two takers with outbox.inbox_take() in their own transactions;
+  subscription HB on R and A with a batch handler, h(outbox.inbox_event[]), one INSERT per batch
+  (a managing record fails its batch: bisection narrows it down to that record's dead letter).
 
 Faults: kill -9 and SIGTERM of an inbox worker and of the inbox launcher, pg_ctl restart -m fast
 and -m immediate, kill -9 of the postmaster, reloads of outbox.inbox_workers_per_subscription
@@ -49,7 +51,7 @@ from conftest import REPO, admin, create_topics, kafka_sh, pg_connect, pg_sh, qu
 from helpers_chaos import LogTail
 from helpers_crash import pid_alive, postmaster_pid, start_pg_after_crash
 from helpers_inbox import setup_app_role, status, subscribe, unsubscribe_all
-from helpers_inbox_chaos import (APPLIED, HANDLER, TAKEN, ForeignLoad, RelayLoad, Takers, check,
+from helpers_inbox_chaos import (APPLIED, APPLIED_B, BATCH_HANDLER, HANDLER, TAKEN, ForeignLoad, RelayLoad, Takers, check,
                                  chaos_schema, drop_schema)
 
 # Seeds that found something (each stays, so that CI keeps trying it):
@@ -68,7 +70,7 @@ FAULTS = {
     "reload_batch_size": 4, "pause": 3, "broker_stop": 0.7, "recreate_topic": 1.5,
 }
 INNER = ("worker_sigkill", "worker_sigterm", "launcher_sigterm", "reload_workers", "reload_batch_size")
-SUB_H, SUB_Q = "chaos37_h", "chaos37_q"
+SUB_H, SUB_Q, SUB_HB = "chaos37_h", "chaos37_q", "chaos37_hb"
 PARTS = {"R": 4, "A": 3, "B": 2}
 
 
@@ -150,6 +152,7 @@ class InboxChaos:
         try:
             subscribe(c, SUB_H, [self.topics[k] for k in "RAB"], HANDLER)
             subscribe(c, SUB_Q, [self.topics[k] for k in "RA"])
+            subscribe(c, SUB_HB, [self.topics[k] for k in "RA"], f"{BATCH_HANDLER}(outbox.inbox_event[])")
         finally:
             c.close()
         self.relay = RelayLoad(self.env, self.agg, self.seed, self.rng.choice([2, 3]),
@@ -269,7 +272,7 @@ class InboxChaos:
         self.note(f"  inbox_batch_size {n}")
 
     def f_pause(self):
-        sub = self.rng.choice([SUB_H, SUB_Q])
+        sub = self.rng.choice([SUB_H, SUB_Q, SUB_HB])
         self.q("SELECT outbox.pause_subscription(%s)", (sub,))
         self.wait(lambda: all(r["state"] == "paused" for r in self.states(sub)), 120, f"{sub} paused")
         self.inner()
@@ -331,11 +334,11 @@ class InboxChaos:
         self.problems.extend(f"server log: {a}" for a in self.log.alarms)
         self.log.alarms.clear()
         subs = {r[0] for r in self.q("SELECT name FROM outbox.subscriptions")}
-        if subs != {SUB_H, SUB_Q}:
+        if subs != {SUB_H, SUB_Q, SUB_HB}:
             raise AssertionError(f"subscriptions are {subs}: a handler's unsubscribe() took effect?")
         dead = self.q("SELECT subscription, coalesce(event_type, ''), sqlstate, left(error, 200)"
                       " FROM outbox.inbox_dead WHERE event_type IS DISTINCT FROM 'chaos.manage'"
-                      " OR sqlstate <> '55006' OR subscription <> %s LIMIT 5", (SUB_H,))
+                      " OR sqlstate <> '55006' OR subscription <> ALL(%s) LIMIT 5", ([SUB_H, SUB_HB],))
         if dead:
             raise AssertionError(f"unexpected dead letters: {dead}")
 
@@ -367,10 +370,12 @@ class InboxChaos:
         manage = {t for t, r in self.foreign.recs.items() if r.kind == "manage"}
         want_h = relay_ok | (acked - manage)
         want_q = relay_ok | {t for t in acked if self.foreign.recs[t].topic == "A"}
+        want_hb = want_q - manage
         have = lambda table: {r[0] for r in self.q(f"SELECT DISTINCT token FROM {table}")}
         self.wait(lambda: want_h <= have(APPLIED), 300, f"H to apply every expected record ({len(want_h - have(APPLIED))} missing)", interval=1)
+        self.wait(lambda: want_hb <= have(APPLIED_B), 300, f"HB to apply every expected record ({len(want_hb - have(APPLIED_B))} missing)", interval=1)
         self.wait(lambda: want_q <= have(TAKEN), 300, f"Q's takers to take every expected record ({len(want_q - have(TAKEN))} missing)", interval=1)
-        self.wait(lambda: all(r["state"] == "running" and r["lag"] == 0 for s in (SUB_H, SUB_Q)
+        self.wait(lambda: all(r["state"] == "running" and r["lag"] == 0 for s in (SUB_H, SUB_Q, SUB_HB)
                               for r in self.states(s) if r["kafka_partition"] is not None), 300,
                   "every partition to run with lag 0")
         self.wait(lambda: self.q("SELECT count(*) FROM outbox.inbox WHERE subscription = %s", (SUB_Q,))[0][0] == 0,
@@ -379,12 +384,14 @@ class InboxChaos:
         self.takers.stop()
         applied = self.q(f"SELECT id, token FROM {APPLIED}")
         taken = self.q(f"SELECT id, token FROM {TAKEN}")
-        dead = self.q("SELECT CASE subscription WHEN %s THEN 'handler' ELSE subscription END,"
+        applied_b = self.q(f"SELECT id, token FROM {APPLIED_B}")
+        dead = self.q("SELECT CASE subscription WHEN %s THEN 'handler' WHEN %s THEN 'batch' ELSE subscription END,"
                       " coalesce(payload->>'token', '?'), sqlstate, held, left(error, 200) FROM outbox.inbox_dead",
-                      (SUB_H,))
+                      (SUB_H, SUB_HB))
         self.st = self.q("SELECT subscription, sum(applied), sum(duplicates) FROM outbox.inbox_status"
                          " GROUP BY subscription ORDER BY 1")
-        problems, fig = check(self.relay, self.foreign, applied, taken, dead, ("R", "A", "B"), ("R", "A"))
+        problems, fig = check(self.relay, self.foreign, applied, taken, dead, ("R", "A", "B"), ("R", "A"),
+                              applied_b, ("R", "A"))
         self.problems.extend(problems)
         self.problems.extend(f"load: {e}" for e in self.relay.errors[:5] + self.takers.errors[:5])
         return fig
