@@ -275,7 +275,13 @@ partition_error(InboxSubscription *sub, rd_kafka_message_t *m,
 		if (at >= 0 && sub->consumer != NULL)
 			(void) rd_kafka_query_watermark_offsets(sub->consumer->rk, p->topic, p->partition,
 													&low, &high, 2000);
-		if (at >= 0 && high >= 0 && at > high)
+		if (at >= 0 && high >= 0 && at > high && p->witness_offset >= high)
+		{
+			/* the last record applied is past the end: Kafka lost it */
+			text = psprintf("Kafka no longer has offset %lld, the last one applied: the partition ends at %lld, so the topic was deleted and created again (or lost records); nothing is applied or skipped until outbox.inbox_seek('%s', '%s', %d, ...)",
+							(long long) p->witness_offset, (long long) high, sub->name, p->topic, p->partition);
+		}
+		else if (at >= 0 && high >= 0 && at > high)
 			text = psprintf("offset %lld is not yet in Kafka: the partition ends at %lld; nothing is applied or skipped until outbox.inbox_seek('%s', '%s', %d, ...)",
 							(long long) at, (long long) high, sub->name, p->topic, p->partition);
 		else if (at >= 0 && low >= 0 && at < low)

@@ -134,9 +134,11 @@ ensure_state_dir() {
     mkdir -p "$DATA_DIR" "$LOG_DIR"
 }
 
+# another kafka.sh (a start, a stop) holds the state for seconds at most: never wait forever
 state_lock() {
     exec 9>"$STATE_DIR/.lock"
-    flock 9
+    flock -w "${OUTBOX_KAFKA_LOCK_TIMEOUT:-300}" 9 \
+        || die "another kafka.sh has held $STATE_DIR/.lock for ${OUTBOX_KAFKA_LOCK_TIMEOUT:-300} s"
 }
 
 write_configs() {

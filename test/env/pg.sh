@@ -159,8 +159,11 @@ stop() {
     log "immediate shutdown (only a checkpointer left after a backend crash: PostgreSQL's own hang, doc/operations.md)"
     as_owner "$BINDIR/pg_ctl" -D "$DATA" -m immediate -w -t 30 stop >/dev/null 2>&1 && return 0
     kill -0 "$pid" 2>/dev/null || return 0
-    log "immediate shutdown not done after 30s: SIGKILL to postmaster $pid"
-    kill -KILL "$pid" 2>/dev/null || true
+    log "immediate shutdown not done after 30s: SIGKILL to postmaster $pid and its children"
+    # the children too: one left attached to the shared memory would keep the next start out
+    local kids
+    kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
+    kill -KILL "$pid" $kids 2>/dev/null || true
 }
 
 reset() {

@@ -438,7 +438,10 @@ def test_inbox_fault_schedule(env, seed):
             f"  handler: {fig['handler expected']} expected, {fig['handler applied']} applied, lost"
             f" {fig['handler lost']}, twice {fig['handler twice']}; deleted topic: {fig['handler old-topic applied']}"
             f" applied before, {fig['handler old-topic lost with the topic']} lost with it;"
-            f" dead letters {fig['dead letters (55006)']} (55006)\n"
+            f" dead letters {fig['handler dead letters (55006)']} (55006)\n"
+            f"  batch handler: {fig['batch expected']} expected, {fig['batch applied']} applied, lost"
+            f" {fig['batch lost']}, twice {fig['batch twice']}; dead letters"
+            f" {fig['batch dead letters (55006)']} (55006)\n"
             f"  queue: {fig['queue expected']} expected, {fig['queue applied']} taken, lost {fig['queue lost']},"
             f" twice {fig['queue twice']}; inbox_status {run.st}; drained in {run.drain_s:.0f} s")
     report(text)
