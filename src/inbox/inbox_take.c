@@ -138,8 +138,8 @@ lock_keys(Datum name, int max, Datum **topics, Datum **keys)
 			}
 			(*topics)[nkeys] = SPI_getbinval(t, d, 1, &isnull);
 			(*keys)[nkeys] = SPI_getbinval(t, d, 2, &isnull);
-			(*topics)[nkeys] = PointerGetDatum(SPI_datumTransfer((*topics)[nkeys], false, -1));
-			(*keys)[nkeys] = PointerGetDatum(SPI_datumTransfer((*keys)[nkeys], false, -1));
+			(*topics)[nkeys] = SPI_datumTransfer((*topics)[nkeys], false, -1);
+			(*keys)[nkeys] = SPI_datumTransfer((*keys)[nkeys], false, -1);
 			nkeys++;
 			pending += DatumGetInt64(SPI_getbinval(t, d, 3, &isnull));
 			after = DatumGetInt64(SPI_getbinval(t, d, 4, &isnull));
