@@ -33,6 +33,10 @@
 #                                         PostgreSQL's own fast-shutdown hang after a backend crash,
 #                                         without the extension; reported, never a failure (only a
 #                                         broken script fails the stage)
+#   OUTBOX_INBOX_CHAOS_MAJORS "17"        majors whose integration stage runs test_37, the inbox's fault
+#                                         schedule (three seeds, about 6 minutes): on a core major,
+#                                         whose stack has the time to spare, not on the full ones
+#                                         (with OUTBOX_PG_MAJOR=N, N runs it when listed here)
 #   OUTBOX_REPRO_CYCLES    25             its cycles (about 3 s each, 15 s more per hang)
 #
 # Stack k (0, 1, ...) derives its ports and directories from the base ones below: Postgres port
@@ -100,6 +104,7 @@ else
 fi
 read -r -a KAFKA3_MAJORS <<<"${OUTBOX_KAFKA3_MAJORS-17}"
 read -r -a REPRO_MAJORS <<<"${OUTBOX_REPRO_MAJORS-15 18}"
+read -r -a INBOX_CHAOS_MAJORS <<<"${OUTBOX_INBOX_CHAOS_MAJORS-17}"
 STACKS="${OUTBOX_CI_STACKS:-3}"
 [[ "$STACKS" =~ ^[1-9]$ ]] || { echo "run.sh: OUTBOX_CI_STACKS must be 1..9" >&2; exit 2; }
 
@@ -113,8 +118,9 @@ STACKS="${OUTBOX_CI_STACKS:-3}"
 # its reads (test_35: per-aggregate order across the two kinds of tracking), the inbox
 # (test_31_inbox: subscribe, apply, offsets; its registration->mail run under kill -9; its
 # standby, promotion and dump/restore).
-# The fault schedules (test_32 the relay's, test_37 the inbox's) run on the full majors only, 3
-# minutes each by default (OUTBOX_CHAOS_MINUTES).
+# The relay's fault schedule (test_32) runs on the full majors only, the inbox's (test_37) on the
+# majors of OUTBOX_INBOX_CHAOS_MAJORS (17: a full major's stack is the long pole, and three seeds
+# cost about 6 minutes); 3 minutes of faults each by default (OUTBOX_CHAOS_MINUTES).
 # SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only, as do the
 # tests marked full_only (slow checks of nothing that differs between majors; pytest.ini).
 CORE_TESTS=(
@@ -166,8 +172,13 @@ integration_args() {
         # test_10's at-least-once crash run is left to the other majors
         if [[ $t == test_27_replicated.py ]] && ! is_kafka3 "$major"; then continue; fi
         if [[ $t == test_10_crash.py ]] && is_kafka3 "$major" && ! is_full "$major"; then continue; fi
+        # the inbox's fault schedule runs where OUTBOX_INBOX_CHAOS_MAJORS says, full or core
+        if [[ $t == test_37_inbox_fault_schedule.py ]] && ! in_list "$major" "${INBOX_CHAOS_MAJORS[@]}"; then continue; fi
         ARGS+=("test/integration/$t")
     done
+    if ! is_full "$major" && in_list "$major" "${INBOX_CHAOS_MAJORS[@]}"; then
+        ARGS+=(test/integration/test_37_inbox_fault_schedule.py)
+    fi
     is_full "$major" || ARGS+=(-m "not full_only")
 }
 
