@@ -241,6 +241,8 @@ why_module() {
         echo "every major (core subset, CORE_TESTS)"
     elif [[ $mod == test_27_replicated.py ]]; then
         echo "needs the 3-broker Kafka cluster: OUTBOX_KAFKA3_MAJORS only"
+    elif [[ $mod == test_37_inbox_fault_schedule.py ]]; then
+        echo "the inbox's fault schedule (about 6 minutes): OUTBOX_INBOX_CHAOS_MAJORS only"
     elif [[ $mod == test_10_crash.py ]]; then
         echo "not where test_27 runs (it kills Postgres 10 times itself: OUTBOX_KAFKA3_MAJORS)"
     elif ! in_list "$mod" "${CORE_TESTS[@]}"; then
