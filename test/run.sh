@@ -34,7 +34,7 @@
 #                                         without the extension; reported, never a failure (only a
 #                                         broken script fails the stage)
 #   OUTBOX_INBOX_CHAOS_MAJORS "17"        majors whose integration stage runs test_37, the inbox's fault
-#                                         schedule (three seeds, about 6 minutes): on a core major,
+#                                         schedule (three seeds, about 4 minutes): on a core major,
 #                                         whose stack has the time to spare, not on the full ones
 #                                         (with OUTBOX_PG_MAJOR=N, N runs it when listed here)
 #   OUTBOX_REPRO_CYCLES    25             its cycles (about 3 s each, 15 s more per hang)
@@ -120,7 +120,7 @@ STACKS="${OUTBOX_CI_STACKS:-3}"
 # standby, promotion and dump/restore).
 # The relay's fault schedule (test_32) runs on the full majors only, the inbox's (test_37) on the
 # majors of OUTBOX_INBOX_CHAOS_MAJORS (17: a full major's stack is the long pole, and three seeds
-# cost about 6 minutes); 3 minutes of faults each by default (OUTBOX_CHAOS_MINUTES).
+# cost about 4 minutes); 3 minutes of faults each by default (OUTBOX_CHAOS_MINUTES).
 # SASL (test_22) is librdkafka's, not the server's: it runs on the full majors only, as do the
 # tests marked full_only (slow checks of nothing that differs between majors; pytest.ini).
 CORE_TESTS=(
@@ -172,11 +172,11 @@ integration_args() {
         # test_10's at-least-once crash run is left to the other majors
         if [[ $t == test_27_replicated.py ]] && ! is_kafka3 "$major"; then continue; fi
         if [[ $t == test_10_crash.py ]] && is_kafka3 "$major" && ! is_full "$major"; then continue; fi
-        # the inbox's fault schedule runs where OUTBOX_INBOX_CHAOS_MAJORS says, full or core
-        if [[ $t == test_37_inbox_fault_schedule.py ]] && ! in_list "$major" "${INBOX_CHAOS_MAJORS[@]}"; then continue; fi
+        # the inbox's fault schedule: below, where OUTBOX_INBOX_CHAOS_MAJORS says, full or core
+        if [[ $t == test_37_inbox_fault_schedule.py ]]; then continue; fi
         ARGS+=("test/integration/$t")
     done
-    if ! is_full "$major" && in_list "$major" "${INBOX_CHAOS_MAJORS[@]}"; then
+    if in_list "$major" "${INBOX_CHAOS_MAJORS[@]}"; then
         ARGS+=(test/integration/test_37_inbox_fault_schedule.py)
     fi
     is_full "$major" || ARGS+=(-m "not full_only")
@@ -242,7 +242,7 @@ why_module() {
     elif [[ $mod == test_27_replicated.py ]]; then
         echo "needs the 3-broker Kafka cluster: OUTBOX_KAFKA3_MAJORS only"
     elif [[ $mod == test_37_inbox_fault_schedule.py ]]; then
-        echo "the inbox's fault schedule (about 6 minutes): OUTBOX_INBOX_CHAOS_MAJORS only"
+        echo "the inbox's fault schedule (about 4 minutes): OUTBOX_INBOX_CHAOS_MAJORS only"
     elif [[ $mod == test_10_crash.py ]]; then
         echo "not where test_27 runs (it kills Postgres 10 times itself: OUTBOX_KAFKA3_MAJORS)"
     elif ! in_list "$mod" "${CORE_TESTS[@]}"; then

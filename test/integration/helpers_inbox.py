@@ -5,6 +5,7 @@ values the relay would never send), the rows of outbox.inbox_status, and a regis
 (the project's example: a user registers, a mail service sends one welcome mail) with rolled-back
 transactions and sessions that survive crashes.
 """
+import hashlib
 import json
 import random
 import threading
@@ -145,6 +146,18 @@ def produce(env: Env, topic: str, records: List[Tuple[Optional[str], Optional[by
     assert p.flush(30) == 0, "records not acknowledged in 30 s"
     assert not errors, errors
     return acks
+
+
+def inbox_event_id(raw: bytes) -> str:
+    """The event_id the inbox gives an id header's value: the uuid itself, or, for any other id,
+    the name-based uuid of its MD5 (inbox_event.c, hash_uuid)."""
+    try:
+        return str(uuid.UUID(raw.decode()))
+    except (UnicodeDecodeError, ValueError):
+        d = bytearray(hashlib.md5(raw).digest())
+        d[6] = (d[6] & 0x0F) | 0x30
+        d[8] = (d[8] & 0x3F) | 0x80
+        return str(uuid.UUID(bytes=bytes(d)))
 
 
 def relay_headers(event_id: str, event_type: str = "it.event", aggregate_type: str = "it") -> list:

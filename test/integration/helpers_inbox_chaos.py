@@ -224,15 +224,14 @@ class ForeignLoad:
     (key j -> j % partitions), so each key's records of a topic keep one partition."""
 
     def __init__(self, env: Env, topics: Dict[str, str], partitions: Dict[str, int], seed: int,
-                 think_s: float):
+                 think_s: float, tag: str):
         self.env, self.topics, self.parts, self.think_s = env, topics, partitions, think_s
         self.rng = random.Random(seed * 7919 + 1)
         self.seed = seed
-        # ids that are not uuids must still be this run's own: they are kept by name for
-        # outbox.inbox_dedupe_window after unsubscribe() (a re-subscribe applies no id twice), so
-        # "not-a-uuid-f1-1874" of an earlier run of seed 1 on the same cluster made this run's
-        # record of that token a copy, dropped (seen 2026-12-07, taken for a loss)
-        self.run_tag = uuid.uuid4().hex[:12]
+        # ids that are not uuids must be this run's own (tag): the seen ids outlive unsubscribe()
+        # by name, so "not-a-uuid-f1-1874" of an earlier run of seed 1 on the same cluster made
+        # this run's record of that token a copy, dropped (seen 2026-12-07, taken for a loss)
+        self.tag = tag
         self.recs: Dict[str, Rec] = {}
         self.kinds = Counter()
         self.gen = 0
@@ -302,7 +301,7 @@ class ForeignLoad:
         elif kind == "ce_id":
             headers, has_id = [("ce_id", uid), ("ce_type", b"chaos.foreign")], True
         elif kind == "id_not_uuid":
-            headers, has_id = [("id", f"not-a-uuid-{self.run_tag}-{tok}".encode())] + et, True
+            headers, has_id = [("id", f"not-a-uuid-{self.tag}-{tok}".encode())] + et, True
         elif kind == "two_ids":
             headers, has_id = [("id", uid), ("id", str(uuid.uuid4()).encode())] + et, True
         elif kind == "odd_headers":

@@ -37,12 +37,11 @@ PostgreSQL's known hang (issue 38): ended with an immediate stop and counted; an
 fails the test.  Waits are for conditions, with bounds far above what the product needs.
 """
 import os
-import hashlib
 import random
 import signal
-import uuid
 import subprocess
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -52,7 +51,7 @@ import pytest
 from conftest import REPO, admin, create_topics, kafka_sh, pg_connect, pg_sh, query, report, set_conf
 from helpers_chaos import LogTail
 from helpers_crash import pid_alive, postmaster_pid, start_pg_after_crash
-from helpers_inbox import setup_app_role, status, subscribe, unsubscribe_all
+from helpers_inbox import inbox_event_id, setup_app_role, status, subscribe, unsubscribe_all
 from helpers_inbox_chaos import (APPLIED, APPLIED_B, BATCH_HANDLER, HANDLER, TAKEN, ForeignLoad, RelayLoad, Takers, check,
                                  chaos_schema, drop_schema)
 
@@ -65,7 +64,7 @@ from helpers_inbox_chaos import (APPLIED, APPLIED_B, BATCH_HANDLER, HANDLER, TAK
 #      same in every run of a seed, and the seen ids outlive unsubscribe() by name (doc/inbox.md:
 #      a re-subscribe applies no id twice), so a second run on one cluster dropped them as copies
 #      (a replay of seed 1 twice: every such record of the second run).  Those ids now carry the
-#      run's own tag; forensics() prints what the database holds around any loss.
+#      run's own tag, as do its topics; forensics() prints what the database holds around a loss.
 FIXED_SEEDS = [1, 2]
 
 _explicit = os.environ.get("OUTBOX_CHAOS_SEED")
@@ -95,7 +94,7 @@ class InboxChaos:
         self.log_start = self.log.offset
         # topics of this run alone: a seed run again on the same cluster (in the same process
         # too) must not find the records of its earlier run, whose tokens are the same
-        tag = f"c37s{seed}x{uuid.uuid4().hex[:8]}"
+        self.tag = tag = f"c37s{seed}x{uuid.uuid4().hex[:8]}"
         self.topics = {"R": f"outbox.event.it_{tag}", "A": f"it_{tag}_a", "B": f"it_{tag}_b"}
         self.agg = f"it_{tag}"
 
@@ -168,7 +167,8 @@ class InboxChaos:
             c.close()
         self.relay = RelayLoad(self.env, self.agg, self.seed, self.rng.choice([2, 3]),
                                self.rng.uniform(0.02, 0.08))
-        self.foreign = ForeignLoad(self.env, self.topics, PARTS, self.seed, self.rng.uniform(0.01, 0.04))
+        self.foreign = ForeignLoad(self.env, self.topics, PARTS, self.seed, self.rng.uniform(0.01, 0.04),
+                                   self.tag)
         self.takers = Takers(self.env, SUB_Q, self.seed)
         self.relay.start()
         self.foreign.start()
@@ -423,17 +423,11 @@ class InboxChaos:
                       f" AND kafka_offset BETWEEN %s AND %s ORDER BY kafka_offset",
                       (topic, rec.partition, lo, hi))
         seen = None
-        if rec.has_id and rec.headers:
-            raw = dict(rec.headers).get("id") or dict(rec.headers).get("ce_id")
-            if raw:
-                try:
-                    uid = str(uuid.UUID(raw.decode()))
-                except ValueError:
-                    d = bytearray(hashlib.md5(raw).digest())
-                    d[6], d[8] = (d[6] & 0x0F) | 0x30, (d[8] & 0x3F) | 0x80
-                    uid = str(uuid.UUID(bytes=bytes(d)))
-                seen = self.q("SELECT count(*) FROM outbox.inbox_seen WHERE subscription = %s AND event_id = %s",
-                              (sub, uid))[0][0]
+        headers = dict(rec.headers or [])
+        raw = headers.get("id") or headers.get("ce_id")
+        if rec.has_id and raw:
+            seen = self.q("SELECT count(*) FROM outbox.inbox_seen WHERE subscription = %s AND event_id = %s",
+                          (sub, inbox_event_id(raw)))[0][0]
         offs = self.q("SELECT next_offset, applied, duplicates, witness_offset FROM outbox.inbox_offsets"
                       " WHERE subscription = %s AND topic = %s AND kafka_partition = %s",
                       (sub, topic, rec.partition))
