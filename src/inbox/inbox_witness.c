@@ -15,9 +15,21 @@
  * by the same compare-and-set (inbox_offsets.c).  Before a batch that
  * continues right after the witness commits, a second consumer of the
  * worker, the probe, reads the record at the witness's offset from Kafka
- * as it is now (librdkafka's simple consumer: a fetch from an offset).  It is asked when the batch starts and answered while the
- * handler runs, so it costs one fetch per batch in parallel with the
- * apply.  A different record there means another topic: the batch is
+ * as it is now (librdkafka's simple consumer: a fetch from an offset).  It
+ * is asked when the batch starts and answered while the handler runs, so
+ * it costs one fetch per batch in parallel with the apply.  The probe's
+ * fetch of a partition is started once and moved by a seek per batch.
+ *
+ * librdkafka 2.0.2 can leave such a fetch idle for a second: a partition
+ * whose queue is full stops fetching, a seek puts its version barrier at
+ * the head of that queue (so the purge of the old records in the broker
+ * thread removes nothing), and when the application has popped them, no
+ * one wakes the broker thread until its 1 s wait ends.  Measured: every
+ * second or third batch waited 1.0 s (12 partitions, 2,541 events/s).  So
+ * the queue is emptied before the seek, and a question not answered
+ * within PROBE_NUDGE_MS (records fetched between the two) is asked again
+ * by a second seek, which wakes the broker thread, with the wait doubled
+ * each time so that a slow broker is not interrupted forever.  A different record there means another topic: the batch is
  * rolled back and run again without that partition, which stalls until
  * outbox.inbox_seek() says where to go on, as when Kafka no longer has the
  * offset.  A record Kafka no longer has there (retention, compaction)
@@ -40,17 +52,31 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+/* a running fetch's queue of records read ahead (kB, per partition) */
+#define PROBE_QUEUE_KB			"64"
 /* how long the probe may take to answer, in all (ms) */
 #define PROBE_TIMEOUT_MS		10000
 /* most partitions of one batch the probe asks about */
 #define PROBE_MAX				256
 /* re-created partitions remembered across reloads of the worker */
 #define RECREATED_MAX			64
+/* a fetch of the probe not asked for this long is stopped (ms) */
+#define PROBE_IDLE_MS			10000
+/* first wait before a question is asked again by a seek (ms, doubled) */
+#define PROBE_NUDGE_MS			100
+/* most records popped from a fetch's queue before its seek */
+#define PROBE_DRAIN_MAX			10000
 
 /* settings of the probe on top of the consumer's */
 static const char *const probe_settings[][2] = {
 	{"client.id", "outbox-inbox-probe"},
-	{"queued.max.messages.kbytes", "1024"},
+	/*
+	 * Per partition for the simple consumer: a running fetch reads this
+	 * far ahead of the witness, then waits for the next seek.  Kafka
+	 * returns a record larger than the fetch size all the same.
+	 */
+	{"queued.max.messages.kbytes", PROBE_QUEUE_KB},
+	{"fetch.message.max.bytes", "65536"},
 	/*
 	 * A fetch stopped and started again per batch must not wait out a
 	 * backoff: with librdkafka's defaults (fetch.wait.max.ms 500,
@@ -79,11 +105,24 @@ typedef struct Question
 	uint64		hash;
 	Answer		answer;
 	rd_kafka_topic_t *rkt;		/* the probe's fetch of this partition */
+	TimestampTz nudge_at;		/* when to seek again if no answer came */
+	int			nudge_ms;		/* the wait after the next seek */
 } Question;
 
 static rd_kafka_t *probe = NULL;
 static Question questions[PROBE_MAX];
 static int	nquestions = 0;
+
+/* the probe's running fetches, one per partition asked about */
+typedef struct ProbeFetch
+{
+	rd_kafka_topic_t *rkt;
+	int32		partition;
+	TimestampTz asked;			/* when a question last moved it */
+} ProbeFetch;
+
+static ProbeFetch fetches[PROBE_MAX];
+static int	nfetches = 0;
 
 /*
  * The probe's topic handles, kept while the probe lives: a handle made
@@ -105,8 +144,11 @@ static struct
 static int	nrecreated = 0;
 
 static bool ensure_probe(InboxSubscription *sub);
+static bool fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset);
+static void stop_fetches(rd_kafka_topic_t *rkt, TimestampTz asked_before);
+static void drop_fetch(rd_kafka_topic_t *rkt, int32 partition);
 static void take_answer(Question *q, int wait_ms);
-static void stop_questions(void);
+static void forget_questions(void);
 static rd_kafka_topic_t *probe_topic(const char *name);
 static void stall(InboxSubscription *sub, InboxPartition *p, bool first);
 
@@ -140,7 +182,7 @@ inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 	int			i;
 
 	/* a run that failed left its questions */
-	stop_questions();
+	forget_questions();
 	for (i = 0; i < n && nquestions < PROBE_MAX; i++)
 	{
 		InboxPartition *p = inbox_find_partition(sub, rd_kafka_topic_name(msgs[i]->rkt),
@@ -169,16 +211,104 @@ inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 	/*
 	 * The simple consumer, a fetch per partition from an offset: no
 	 * assignment to change twice per batch (librdkafka 2.0.2 aborts on an
-	 * assign undone before its partitions started).
+	 * assign undone before its partitions started).  A partition of a
+	 * deleted topic stalls and is asked no more: its fetch, which would
+	 * retry forever, stops once idle.
 	 */
+	stop_fetches(NULL, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), -PROBE_IDLE_MS));
 	for (i = 0; i < nquestions; i++)
 	{
 		Question   *q = &questions[i];
 
 		q->rkt = probe_topic(q->part->topic);
-		if (q->rkt == NULL ||
-			rd_kafka_consume_start(q->rkt, q->part->partition, q->offset) != 0)
+		if (q->rkt == NULL || !fetch_from(q->rkt, q->part->partition, q->offset))
 			q->answer = ANSWER_CANNOT_TELL;
+		q->nudge_ms = PROBE_NUDGE_MS;
+		q->nudge_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), q->nudge_ms);
+	}
+}
+
+/*
+ * Point the probe's fetch of (rkt, partition) at offset: a seek of the
+ * running fetch, or a start.  Records fetched before are dropped by
+ * librdkafka (a seek bumps the fetch's version), so the first record
+ * that comes was fetched after this call.  False if librdkafka refused.
+ */
+static bool
+fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset)
+{
+	int			i;
+
+	for (i = 0; i < nfetches; i++)
+		if (fetches[i].rkt == rkt && fetches[i].partition == partition)
+			break;
+	if (i < nfetches)
+	{
+		rd_kafka_message_t *m;
+		int			n = 0;
+
+		/*
+		 * Empty its queue first, so that the seek finds room to fetch (see
+		 * the file's header); it holds PROBE_QUEUE_KB and one fetch at most.
+		 */
+		while (n++ < PROBE_DRAIN_MAX && (m = rd_kafka_consume(rkt, partition, 0)) != NULL)
+			rd_kafka_message_destroy(m);
+		fetches[i].asked = GetCurrentTimestamp();
+		/* timeout 0: asynchronous, the answer is waited for in verify */
+		return rd_kafka_seek(rkt, partition, offset, 0) == RD_KAFKA_RESP_ERR_NO_ERROR;
+	}
+	/* full: every fetch was asked within PROBE_IDLE_MS, stop the oldest */
+	if (nfetches == PROBE_MAX)
+	{
+		int			oldest = 0;
+
+		for (i = 1; i < nfetches; i++)
+			if (fetches[i].asked < fetches[oldest].asked)
+				oldest = i;
+		stop_fetches(fetches[oldest].rkt, fetches[oldest].asked + 1);
+	}
+	if (nfetches == PROBE_MAX || rd_kafka_consume_start(rkt, partition, offset) != 0)
+		return false;
+	fetches[nfetches].rkt = rkt;
+	fetches[nfetches].partition = partition;
+	fetches[nfetches].asked = GetCurrentTimestamp();
+	nfetches++;
+	return true;
+}
+
+/* stop the probe's fetch of (rkt, partition), if it runs */
+static void
+drop_fetch(rd_kafka_topic_t *rkt, int32 partition)
+{
+	int			i;
+
+	for (i = 0; i < nfetches; i++)
+		if (fetches[i].rkt == rkt && fetches[i].partition == partition)
+		{
+			(void) rd_kafka_consume_stop(rkt, partition);
+			fetches[i] = fetches[--nfetches];
+			return;
+		}
+}
+
+/*
+ * Stop the probe's fetches of rkt (of every topic if NULL) last asked
+ * before asked_before.
+ */
+static void
+stop_fetches(rd_kafka_topic_t *rkt, TimestampTz asked_before)
+{
+	int			i = 0;
+
+	while (i < nfetches)
+	{
+		if ((rkt == NULL || fetches[i].rkt == rkt) && fetches[i].asked < asked_before)
+		{
+			(void) rd_kafka_consume_stop(fetches[i].rkt, fetches[i].partition);
+			fetches[i] = fetches[--nfetches];
+		}
+		else
+			i++;
 	}
 }
 
@@ -209,7 +339,11 @@ inbox_witness_verify(InboxSubscription *sub)
 			break;
 		if (GetCurrentTimestamp() >= deadline)
 		{
-			stop_questions();
+			/* the next try starts these fetches afresh */
+			for (i = 0; i < nquestions; i++)
+				if (questions[i].answer == ANSWER_WAITING)
+					drop_fetch(questions[i].rkt, questions[i].part->partition);
+			forget_questions();
 			ereport(ERROR,
 					(errcode(ERRCODE_CONNECTION_FAILURE),
 					 errmsg("Kafka did not show the last applied record of subscription \"%s\" within %d ms",
@@ -227,8 +361,20 @@ inbox_witness_verify(InboxSubscription *sub)
 		if (!PostmasterIsAlive())
 			proc_exit(1);
 		for (i = 0; i < nquestions; i++)
-			if (questions[i].answer == ANSWER_WAITING)
-				take_answer(&questions[i], 100);
+		{
+			Question   *q = &questions[i];
+
+			if (q->answer != ANSWER_WAITING)
+				continue;
+			take_answer(q, 10);
+			if (q->answer == ANSWER_WAITING && GetCurrentTimestamp() >= q->nudge_at)
+			{
+				/* see the file's header: a seek wakes an idle fetch */
+				(void) rd_kafka_seek(q->rkt, q->part->partition, q->offset, 0);
+				q->nudge_ms *= 2;
+				q->nudge_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), q->nudge_ms);
+			}
+		}
 	}
 	for (i = 0; i < nquestions; i++)
 		if (questions[i].answer == ANSWER_OTHER)
@@ -236,7 +382,7 @@ inbox_witness_verify(InboxSubscription *sub)
 			stall(sub, questions[i].part, true);
 			same = false;
 		}
-	stop_questions();
+	forget_questions();
 	return same;
 }
 
@@ -251,7 +397,11 @@ take_answer(Question *q, int wait_ms)
 		return;
 	if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET ||
 		m->err == RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE)
+	{
 		q->answer = ANSWER_CANNOT_TELL; /* retention passed it */
+		/* the fetch ended (auto.offset.reset error): a seek would not move it */
+		drop_fetch(q->rkt, q->part->partition);
+	}
 	else if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		;						/* end of partition, a broker hiccup: wait */
 	else if (m->offset > q->offset)
@@ -261,19 +411,10 @@ take_answer(Question *q, int wait_ms)
 	rd_kafka_message_destroy(m);
 }
 
-/* stop the probe's fetches and forget the questions */
+/* forget the questions; their fetches go on until the next seek */
 static void
-stop_questions(void)
+forget_questions(void)
 {
-	int			i;
-
-	for (i = 0; i < nquestions; i++)
-	{
-		if (questions[i].rkt == NULL)
-			continue;
-		(void) rd_kafka_consume_stop(questions[i].rkt, questions[i].part->partition);
-		questions[i].rkt = NULL;
-	}
 	nquestions = 0;
 }
 
@@ -369,7 +510,8 @@ inbox_witness_destroy(void)
 {
 	int			i;
 
-	stop_questions();
+	forget_questions();
+	stop_fetches(NULL, DT_NOEND);
 	for (i = 0; i < nprobe_topics; i++)
 		rd_kafka_topic_destroy(probe_topics[i]);
 	nprobe_topics = 0;
@@ -409,6 +551,8 @@ probe_topic(const char *name)
 			rd_kafka_topic_destroy(rkt);
 			return NULL;
 		}
+		/* librdkafka: a topic handle goes after its partitions' fetches */
+		stop_fetches(probe_topics[i], DT_NOEND);
 		rd_kafka_topic_destroy(probe_topics[i]);
 		memmove(&probe_topics[i], &probe_topics[i + 1],
 				sizeof(probe_topics[0]) * (nprobe_topics - i - 1));
