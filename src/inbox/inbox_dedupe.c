@@ -200,11 +200,18 @@ inbox_dedupe_seen_many(const char *subscription, const pg_uuid_t *ids, int n,
 	{
 		Oid			types[2] = {TEXTOID, UUIDARRAYOID};
 
+		/*
+		 * Scalar subqueries with LIMIT 1, not EXISTS: the planner may run an
+		 * EXISTS under OR as a hashed subplan, which reads every id of the
+		 * subscription per batch (the seen tables are insert-only, so their
+		 * statistics say "5 rows" for ever).  Measured at 294,000 seen ids:
+		 * 158 ms per batch of 500 that way, 2 ms by index probes.
+		 */
 		seen_many_plan = keep_plan("SELECT u.i::integer FROM pg_catalog.unnest($2) WITH ORDINALITY AS u(id, i)"
-								   " WHERE EXISTS (SELECT 1 FROM outbox.inbox_seen_0 AS s"
-								   "                WHERE s.slot = 0 AND s.subscription = $1 AND s.event_id = u.id)"
-								   "    OR EXISTS (SELECT 1 FROM outbox.inbox_seen_1 AS s"
-								   "                WHERE s.slot = 1 AND s.subscription = $1 AND s.event_id = u.id)",
+								   " WHERE (SELECT true FROM outbox.inbox_seen_0 AS s"
+								   "         WHERE s.slot = 0 AND s.subscription = $1 AND s.event_id = u.id LIMIT 1)"
+								   "    OR (SELECT true FROM outbox.inbox_seen_1 AS s"
+								   "         WHERE s.slot = 1 AND s.subscription = $1 AND s.event_id = u.id LIMIT 1)",
 								   2, types);
 	}
 	values[0] = CStringGetTextDatum(subscription);
