@@ -57,7 +57,7 @@ class Db:
             return cur.fetchall() if cur.description else None
 
     def status(self):
-        return self.q("SELECT pid, state, published FROM outbox.status")[0]
+        return self.q("SELECT pid, state, published FROM outbox.status WHERE database = current_database()")[0]
 
     def wait(self, what, fn, timeout=120):
         deadline = time.time() + timeout
@@ -187,7 +187,15 @@ def latency(db, mode, rate):
 def main():
     db = Db()
     db.q("CREATE EXTENSION IF NOT EXISTS outbox")
-    db.wait("the relay", lambda: db.q("SELECT count(*) FROM outbox.status WHERE state IN ('idle', 'publishing')")[0][0] == 1)
+    # a section before may have left the relay paused (the driver's sections pause it to build a
+    # backlog); after section 6's restart it may take a while to start: wait, and say what it shows
+    db.q("SELECT outbox.resume()")
+    try:
+        db.wait("the relay", lambda: db.q("SELECT count(*) FROM outbox.status WHERE database = current_database()"
+                                          " AND state IN ('idle', 'publishing')")[0][0] == 1, timeout=300)
+    except RuntimeError:
+        log("section 7: outbox.status shows %r" % (db.q("SELECT database, pid, state, last_error FROM outbox.status"),))
+        raise
     db.q("ALTER SYSTEM SET outbox.retention = -1")
     db.q("SELECT pg_reload_conf()")
     log("section 7: warm-up drain")
