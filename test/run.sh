@@ -29,7 +29,7 @@
 #                                         own Kafka, Postgres cluster, ports and directories), the
 #                                         longest majors first; 1 runs the majors one after another
 #   OUTBOX_TEST_TIMEOUT    (pytest.ini)   seconds one integration test may take (pytest-timeout)
-#   OUTBOX_REPRO_MAJORS    "16 18"        majors whose repro stage runs test/repro/fast-stop-hang.sh:
+#   OUTBOX_REPRO_MAJORS    "15 18"        majors whose repro stage runs test/repro/fast-stop-hang.sh:
 #                                         PostgreSQL's own fast-shutdown hang after a backend crash,
 #                                         without the extension; reported, never a failure (only a
 #                                         broken script fails the stage)
@@ -103,7 +103,7 @@ else
     read -r -a ROW_MAJORS <<<"${OUTBOX_PG_ROW_MAJORS-16}"
 fi
 read -r -a KAFKA3_MAJORS <<<"${OUTBOX_KAFKA3_MAJORS-17}"
-read -r -a REPRO_MAJORS <<<"${OUTBOX_REPRO_MAJORS-16 18}"
+read -r -a REPRO_MAJORS <<<"${OUTBOX_REPRO_MAJORS-15 18}"
 read -r -a INBOX_CHAOS_MAJORS <<<"${OUTBOX_INBOX_CHAOS_MAJORS-17}"
 STACKS="${OUTBOX_CI_STACKS:-3}"
 [[ "$STACKS" =~ ^[1-9]$ ]] || { echo "run.sh: OUTBOX_CI_STACKS must be 1..9" >&2; exit 2; }
