@@ -18,6 +18,8 @@ Needs matplotlib (Debian: apt-get install python3-matplotlib).  Writes:
   databases.png           section 6: one backlog over 1, 2, 4 databases and k relays (databases.md)
   delivery.png            section 7: exactly_once beside at_least_once, drain and latency per
                           round (delivery.md)
+  inbox.png               section 8: events/s and CPU per event of each inbox arm beside
+                          Debezium's JDBC sink (inbox.md)
 
 Every file a plot reads must hold the table it expects; a missing table is an error, not an
 empty plot.
@@ -300,12 +302,39 @@ def plot_delivery():
     save(fig, "delivery.png", "delivery.md")
 
 
+# --------------------------------------------------------------------------- section 8
+
+def plot_inbox():
+    _, header, rows = find(RESULTS / "inbox.md", lambda h: h[0] == "arm" and "events/s" in h, "section 8 arms")[0]
+    arms = [r[0].replace(" (Kafka Connect standalone, 1 task)", ", 1 task") for r in rows]
+    rate = column(header, rows, "events/s")
+    cpu = column(header, rows, "CPU ms per 1,000 events")   # ms per 1,000 events = µs per event
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6))
+    for ax, values, fmt in ((left, rate, "{:,.0f}"), (right, cpu, "{:g}")):
+        ax.barh(range(len(arms)), values, 0.6, color=["C0" if "inbox" in a else "C1" for a in arms])
+        for y, v in enumerate(values):
+            ax.text(v, y, " " + fmt.format(v), va="center", fontsize=8)
+        ax.set_yticks(range(len(arms)), arms, fontsize=8)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_xlim(0, max(values) * 1.18)
+    left.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:.0f}k"))
+    left.set_xlabel("events/s (1,000,000 events, 12 partitions)")
+    left.set_title("apply rate")
+    right.set_xlabel("CPU µs per event (the applying process and its threads)")
+    right.set_title("CPU per event")
+    fig.suptitle("Bench section 8: the inbox beside Debezium's JDBC sink (PostgreSQL 15, 2 cores)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.93))
+    save(fig, "inbox.png", "inbox.md (section 8)")
+
+
 def main():
     plot_steady()
     plot_latency()
     plot_drain()
     plot_databases()
     plot_delivery()
+    plot_inbox()
 
 
 if __name__ == "__main__":
