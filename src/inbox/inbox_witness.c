@@ -17,25 +17,27 @@
  * worker, the probe, reads the record at the witness's offset from Kafka
  * as it is now (librdkafka's simple consumer: a fetch from an offset).  It
  * is asked when the batch starts and answered while the handler runs, so
- * it costs one fetch per batch in parallel with the apply.  The probe's
- * fetch of a partition is started once and moved by a seek per batch.
+ * it costs one fetch per batch in parallel with the apply.  A different
+ * record there means another topic: the batch is rolled back and run
+ * again without that partition, which stalls until outbox.inbox_seek()
+ * says where to go on, as when Kafka no longer has the offset.  A record
+ * Kafka no longer has there (retention, compaction) cannot tell, and the
+ * batch goes on.  The probe fetches after the batch's records were
+ * fetched, so a topic re-created between the two stalls the partition
+ * rather than letting it through: when in doubt, stop.
  *
- * librdkafka 2.0.2 can leave such a fetch idle for a second: a partition
- * whose queue is full stops fetching, a seek puts its version barrier at
- * the head of that queue (so the purge of the old records in the broker
- * thread removes nothing), and when the application has popped them, no
- * one wakes the broker thread until its 1 s wait ends.  Measured: every
- * second or third batch waited 1.0 s (12 partitions, 2,541 events/s).  So
- * the queue is emptied before the seek, and a question not answered
- * within PROBE_NUDGE_MS (records fetched between the two) is asked again
- * by a second seek, which wakes the broker thread, with the wait doubled
- * each time so that a slow broker is not interrupted forever.  A different record there means another topic: the batch is
- * rolled back and run again without that partition, which stalls until
- * outbox.inbox_seek() says where to go on, as when Kafka no longer has the
- * offset.  A record Kafka no longer has there (retention, compaction)
- * cannot tell, and the batch goes on.  The probe fetches after the batch's
- * records were fetched, so a topic re-created between the two stalls the
- * partition rather than letting it through: when in doubt, stop.
+ * The probe's fetch of a partition is started once and moved by a seek
+ * per batch.  Stopped and started again, or paused and resumed, it
+ * answered after 1.0 s every second or third batch (librdkafka 2.0.2, 12
+ * partitions: 2,541 events/s): a partition whose queue is full stops
+ * fetching, a seek puts its version barrier at the head of that queue (so
+ * the broker thread's purge of the old records removes nothing), and
+ * once the application has popped them no one wakes the broker thread
+ * until its 1 s wait ends.  So the queue is emptied before the seek, and
+ * a question not answered within PROBE_NUDGE_MS (records fetched between
+ * the two) is asked again by a second seek, which wakes the broker
+ * thread, with the wait doubled each time so that a slow broker is not
+ * interrupted forever.
  *
  * The probe's callbacks are librdkafka's defaults (no palloc, no ereport on
  * its threads); it is polled on the worker's own thread only.
@@ -78,8 +80,7 @@ static const char *const probe_settings[][2] = {
 	{"queued.max.messages.kbytes", PROBE_QUEUE_KB},
 	{"fetch.message.max.bytes", "65536"},
 	/*
-	 * A fetch stopped and started again per batch must not wait out a
-	 * backoff: with librdkafka's defaults (fetch.wait.max.ms 500,
+	 * A fetch moved per batch must not wait out a backoff: with librdkafka's defaults (fetch.wait.max.ms 500,
 	 * fetch.error.backoff.ms 500), or with queued.min.messages 1 (a second
 	 * partition's fetch waits a second behind the first's record), an answer
 	 * took 0.5 to 2 s, and a batch as long: 7 events/s at batch size 7.
@@ -144,7 +145,10 @@ static struct
 static int	nrecreated = 0;
 
 static bool ensure_probe(InboxSubscription *sub);
-static bool fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset);
+static bool fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset,
+					   TimestampTz now);
+static int	find_fetch(rd_kafka_topic_t *rkt, int32 partition);
+static void stop_fetch(int i);
 static void stop_fetches(rd_kafka_topic_t *rkt, TimestampTz asked_before);
 static void drop_fetch(rd_kafka_topic_t *rkt, int32 partition);
 static void take_answer(Question *q, int wait_ms);
@@ -179,6 +183,7 @@ inbox_witness_hash(const rd_kafka_message_t *m)
 void
 inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 {
+	TimestampTz now;
 	int			i;
 
 	/* a run that failed left its questions */
@@ -215,16 +220,17 @@ inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
 	 * deleted topic stalls and is asked no more: its fetch, which would
 	 * retry forever, stops once idle.
 	 */
-	stop_fetches(NULL, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), -PROBE_IDLE_MS));
+	now = GetCurrentTimestamp();
+	stop_fetches(NULL, TimestampTzPlusMilliseconds(now, -PROBE_IDLE_MS));
 	for (i = 0; i < nquestions; i++)
 	{
 		Question   *q = &questions[i];
 
 		q->rkt = probe_topic(q->part->topic);
-		if (q->rkt == NULL || !fetch_from(q->rkt, q->part->partition, q->offset))
+		if (q->rkt == NULL || !fetch_from(q->rkt, q->part->partition, q->offset, now))
 			q->answer = ANSWER_CANNOT_TELL;
 		q->nudge_ms = PROBE_NUDGE_MS;
-		q->nudge_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), q->nudge_ms);
+		q->nudge_at = TimestampTzPlusMilliseconds(now, q->nudge_ms);
 	}
 }
 
@@ -235,14 +241,12 @@ inbox_witness_request(InboxSubscription *sub, rd_kafka_message_t **msgs, int n)
  * that comes was fetched after this call.  False if librdkafka refused.
  */
 static bool
-fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset)
+fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset,
+		   TimestampTz now)
 {
-	int			i;
+	int			i = find_fetch(rkt, partition);
 
-	for (i = 0; i < nfetches; i++)
-		if (fetches[i].rkt == rkt && fetches[i].partition == partition)
-			break;
-	if (i < nfetches)
+	if (i >= 0)
 	{
 		rd_kafka_message_t *m;
 		int			n = 0;
@@ -253,7 +257,7 @@ fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset)
 		 */
 		while (n++ < PROBE_DRAIN_MAX && (m = rd_kafka_consume(rkt, partition, 0)) != NULL)
 			rd_kafka_message_destroy(m);
-		fetches[i].asked = GetCurrentTimestamp();
+		fetches[i].asked = now;
 		/* timeout 0: asynchronous, the answer is waited for in verify */
 		return rd_kafka_seek(rkt, partition, offset, 0) == RD_KAFKA_RESP_ERR_NO_ERROR;
 	}
@@ -265,30 +269,45 @@ fetch_from(rd_kafka_topic_t *rkt, int32 partition, int64 offset)
 		for (i = 1; i < nfetches; i++)
 			if (fetches[i].asked < fetches[oldest].asked)
 				oldest = i;
-		stop_fetches(fetches[oldest].rkt, fetches[oldest].asked + 1);
+		stop_fetch(oldest);
 	}
-	if (nfetches == PROBE_MAX || rd_kafka_consume_start(rkt, partition, offset) != 0)
+	if (rd_kafka_consume_start(rkt, partition, offset) != 0)
 		return false;
 	fetches[nfetches].rkt = rkt;
 	fetches[nfetches].partition = partition;
-	fetches[nfetches].asked = GetCurrentTimestamp();
+	fetches[nfetches].asked = now;
 	nfetches++;
 	return true;
+}
+
+/* the index in fetches[] of the probe's fetch of (rkt, partition), or -1 */
+static int
+find_fetch(rd_kafka_topic_t *rkt, int32 partition)
+{
+	int			i;
+
+	for (i = 0; i < nfetches; i++)
+		if (fetches[i].rkt == rkt && fetches[i].partition == partition)
+			return i;
+	return -1;
+}
+
+/* stop fetches[i] and forget it (the last entry takes its place) */
+static void
+stop_fetch(int i)
+{
+	(void) rd_kafka_consume_stop(fetches[i].rkt, fetches[i].partition);
+	fetches[i] = fetches[--nfetches];
 }
 
 /* stop the probe's fetch of (rkt, partition), if it runs */
 static void
 drop_fetch(rd_kafka_topic_t *rkt, int32 partition)
 {
-	int			i;
+	int			i = find_fetch(rkt, partition);
 
-	for (i = 0; i < nfetches; i++)
-		if (fetches[i].rkt == rkt && fetches[i].partition == partition)
-		{
-			(void) rd_kafka_consume_stop(rkt, partition);
-			fetches[i] = fetches[--nfetches];
-			return;
-		}
+	if (i >= 0)
+		stop_fetch(i);
 }
 
 /*
@@ -303,10 +322,7 @@ stop_fetches(rd_kafka_topic_t *rkt, TimestampTz asked_before)
 	while (i < nfetches)
 	{
 		if ((rkt == NULL || fetches[i].rkt == rkt) && fetches[i].asked < asked_before)
-		{
-			(void) rd_kafka_consume_stop(fetches[i].rkt, fetches[i].partition);
-			fetches[i] = fetches[--nfetches];
-		}
+			stop_fetch(i);
 		else
 			i++;
 	}
